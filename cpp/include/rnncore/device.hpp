@@ -1,0 +1,21 @@
+// Device selection. Backends are chosen at build time (CMake) and at run time here.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rnncore {
+
+enum class Device { Auto, Cpu, Metal };
+
+// "cpu", "metal"; Auto resolves through default_device().
+const char* device_name(Device d);
+// Parses a device name; "" means Auto. Unknown names throw ValueError.
+Device parse_device(std::string_view name);
+// Names of the devices this build can run on this machine, best first.
+std::vector<std::string> available_devices();
+// The device Auto stands for: RNNCORE_DEVICE if set, else the best available.
+Device default_device();
+
+}  // namespace rnncore

@@ -1,0 +1,10 @@
+// rnncore: MPSGraph's recurrent layers (single-gate RNN, LSTM, GRU) on the CPU and on
+// Apple GPUs. The contract: shared/spec/semantics.md; the API: shared/spec/api.md.
+#pragma once
+
+#include "rnncore/descriptors.hpp"
+#include "rnncore/device.hpp"
+#include "rnncore/error.hpp"
+#include "rnncore/ops.hpp"
+#include "rnncore/tensor.hpp"
+#include "rnncore/info.hpp"

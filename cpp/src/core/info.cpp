@@ -1,0 +1,25 @@
+#include "rnncore/info.hpp"
+
+#include "cpu/blas.hpp"
+#include "rnncore/device.hpp"
+
+namespace rnncore {
+
+const char* version() { return RNNCORE_VERSION; }
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.version = RNNCORE_VERSION;
+  b.blas = cpu::blas_info();
+#if defined(__clang__)
+  b.compiler = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  b.compiler = std::string("gcc ") + __VERSION__;
+#else
+  b.compiler = "unknown";
+#endif
+  b.devices = available_devices();
+  return b;
+}
+
+}  // namespace rnncore

@@ -1,0 +1,47 @@
+// The validated shape of one operation call: sizes, which optional inputs exist, and the
+// descriptor reduced to what the backends need (gate positions and activations).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "rnncore/descriptors.hpp"
+#include "rnncore/tensor.hpp"
+
+namespace rnncore::detail {
+
+enum class OpKind { Rnn, Lstm, Gru };
+
+const char* op_name(OpKind op);  // "single_gate_rnn", "lstm", "gru"
+
+struct Problem {
+  OpKind op = OpKind::Rnn;
+  DType dtype = DType::Float32;
+  int64_t T = 0, N = 0, I = 0, H = 0;
+  int64_t D = 1;   // directions
+  int64_t G = 1;   // gate blocks: 1, 4 (LSTM), 3 (GRU)
+  int64_t ZG = 1;  // blocks per direction in z_state: G, or 4 for a reset-after GRU
+
+  bool has_input_weight = false, has_bias = false, has_init_state = false,
+       has_init_cell = false, has_mask = false, has_peephole = false,
+       has_secondary_bias = false;
+
+  bool reverse = false;  // unidirectional only (ignored when D == 2)
+  bool training = false;
+  bool produce_cell = false;  // LSTM: cell output returned (produce_cell or training)
+
+  // Activation of each gate block, by block position (as stored in the weights).
+  std::array<Activation, 4> gate_act{};
+  Activation cell_act = Activation::Tanh;  // LSTM phi
+
+  // Block positions of the logical gates. LSTM: i, f, z (cell), o. GRU: z, r, o.
+  int64_t lstm_i = 0, lstm_f = 1, lstm_z = 2, lstm_o = 3;
+  int64_t gru_z = 0, gru_r = 1;  // the GRU candidate block is always 2
+  bool reset_after = false, flip_z = false;
+
+  int64_t gh() const { return G * H; }
+  int64_t dh() const { return D * H; }
+};
+
+}  // namespace rnncore::detail

@@ -1,0 +1,50 @@
+#include "rnncore/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "rnncore/error.hpp"
+
+namespace rnncore {
+
+const char* dtype_name(DType d) { return d == DType::Float32 ? "float32" : "float64"; }
+
+int64_t dtype_size(DType d) { return d == DType::Float32 ? 4 : 8; }
+
+std::string shape_to_string(const Shape& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
+  if (s.size() == 1) r += ",";
+  return r + ")";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  // 64-byte alignment for vector loads; at least one byte so data() is never null.
+  const size_t bytes = static_cast<size_t>(t.nbytes());
+  const size_t rounded = (bytes + 63) / 64 * 64 + 64 * (bytes == 0);
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
+  return t;
+}
+
+}  // namespace rnncore

@@ -1,0 +1,39 @@
+// Validation at the public boundary: shapes, dtypes and descriptor values are checked
+// here, before any work, with messages naming the op, the argument and both shapes.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "core/problem.hpp"
+#include "rnncore/error.hpp"
+#include "rnncore/ops.hpp"
+
+namespace rnncore::detail {
+
+class Checker {
+ public:
+  explicit Checker(OpKind op) : op_(op_name(op)) {}
+
+  [[noreturn]] void value_error(const std::string& msg) const;
+  [[noreturn]] void type_error(const std::string& msg) const;
+
+  // The first checked array fixes the dtype; every later one must match it.
+  void dtype(const char* name, const TensorView& v);
+  void exact(const char* name, const TensorView& v, const Shape& expected,
+             const char* meaning = nullptr) const;
+  void rank(const char* name, const TensorView& v, int64_t rank, const char* meaning) const;
+  void activation(const char* field, Activation a) const;
+  DType dtype_value() const { return dtype_; }
+
+ private:
+  const char* op_;
+  const char* first_ = nullptr;
+  DType dtype_ = DType::Float32;
+};
+
+Problem validate(const RNNInputs& in, const RNNDescriptor& d);
+Problem validate(const LSTMInputs& in, const LSTMDescriptor& d);
+Problem validate(const GRUInputs& in, const GRUDescriptor& d);
+
+}  // namespace rnncore::detail

@@ -1,0 +1,48 @@
+// Gate activations of the contract's table, applied to whole H-wide blocks so the switch
+// on the activation sits outside the element loop.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "rnncore/descriptors.hpp"
+
+namespace rnncore::cpu {
+
+// Exact to a few ulp for every finite x; e^-|x| never overflows, so no NaN at +-100.
+template <class T>
+inline T sigmoid(T x) {
+  const T e = std::exp(-std::fabs(x));
+  return x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+}
+
+template <class T>
+inline T hard_sigmoid(T x) {
+  const T v = T(0.2) * x + T(0.5);
+  return v < T(0) ? T(0) : (v > T(1) ? T(1) : v);
+}
+
+// out[j] = f(in[j]) for j < n; in and out may alias.
+template <class T>
+void activate(Activation a, const T* in, T* out, int64_t n) {
+  switch (a) {
+    case Activation::None:
+      if (in != out)
+        for (int64_t j = 0; j < n; ++j) out[j] = in[j];
+      break;
+    case Activation::Relu:
+      for (int64_t j = 0; j < n; ++j) out[j] = in[j] > T(0) ? in[j] : T(0);
+      break;
+    case Activation::Tanh:
+      for (int64_t j = 0; j < n; ++j) out[j] = std::tanh(in[j]);
+      break;
+    case Activation::Sigmoid:
+      for (int64_t j = 0; j < n; ++j) out[j] = sigmoid(in[j]);
+      break;
+    case Activation::HardSigmoid:
+      for (int64_t j = 0; j < n; ++j) out[j] = hard_sigmoid(in[j]);
+      break;
+  }
+}
+
+}  // namespace rnncore::cpu

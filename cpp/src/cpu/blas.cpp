@@ -1,0 +1,80 @@
+// BLAS glue. The library is chosen by CMake: scipy-openblas32 (symbols prefixed
+// scipy_), a system OpenBLAS / CBLAS, or Accelerate on Apple.
+#include "cpu/blas.hpp"
+
+#include <climits>
+#include <cstring>
+
+#include "rnncore/error.hpp"
+
+#if defined(RNNCORE_BLAS_ACCELERATE)
+#define ACCELERATE_NEW_LAPACK
+#include <Accelerate/Accelerate.h>
+#else
+#include <cblas.h>
+#endif
+
+#if defined(RNNCORE_BLAS_SCIPY_OPENBLAS)
+#define RNNCORE_CBLAS(name) scipy_cblas_##name
+#define RNNCORE_OPENBLAS(name) scipy_openblas_##name
+#else
+#define RNNCORE_CBLAS(name) cblas_##name
+#define RNNCORE_OPENBLAS(name) openblas_##name
+#endif
+
+namespace rnncore::cpu {
+namespace {
+
+int blas_int(int64_t v) {
+  if (v > INT_MAX) throw ValueError("[blas] a matrix dimension exceeds the 32-bit BLAS limit");
+  return static_cast<int>(v);
+}
+
+template <class T>
+void scale(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    T* row = C + i * ldc;
+    if (beta == T(0))
+      std::memset(row, 0, static_cast<size_t>(N) * sizeof(T));
+    else
+      for (int64_t j = 0; j < N; ++j) row[j] *= beta;
+  }
+}
+
+}  // namespace
+
+template <>
+void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                 float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale(M, N, beta, C, ldc);
+  RNNCORE_CBLAS(sgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                       tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N), blas_int(K),
+                       alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+}
+
+template <>
+void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                  double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale(M, N, beta, C, ldc);
+  RNNCORE_CBLAS(dgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                       tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N), blas_int(K),
+                       alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+}
+
+std::string blas_info() {
+#if defined(RNNCORE_BLAS_ACCELERATE)
+  return "Accelerate";
+#elif defined(RNNCORE_BLAS_OPENBLAS) || defined(RNNCORE_BLAS_SCIPY_OPENBLAS)
+  std::string name = RNNCORE_BLAS_NAME;
+  return name + " (" + RNNCORE_OPENBLAS(get_config)() + ", " +
+         std::to_string(RNNCORE_OPENBLAS(get_num_threads)()) + " threads)";
+#else
+  return RNNCORE_BLAS_NAME;
+#endif
+}
+
+}  // namespace rnncore::cpu

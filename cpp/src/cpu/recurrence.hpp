@@ -1,0 +1,79 @@
+// Pieces shared by the CPU recurrences of rnn.cpp, lstm.cpp and gru.cpp.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "cpu/blas.hpp"
+
+namespace rnncore::cpu {
+
+using detail::DirectionForward;
+using detail::Problem;
+
+// Time index of processing step s in the input (in) or the outputs (out).
+inline int64_t step_time(int64_t s, int64_t T, bool flip) { return flip ? T - 1 - s : s; }
+
+// A row-major matrix in someone's storage: element (n, j) is data[n * ld + j].
+template <class T>
+struct Rows {
+  T* data;
+  int64_t ld;
+  T* row(int64_t n) const { return data + n * ld; }
+};
+
+// Scratch of one direction, allocated once per call: nothing is allocated in the loop.
+template <class T>
+struct Scratch {
+  std::vector<T> buf;
+  T* take(int64_t n) {
+    T* p = buf.data() + used;
+    used += n;
+    return p;
+  }
+  explicit Scratch(int64_t total) : buf(static_cast<size_t>(total), T(0)) {}
+  int64_t used = 0;
+};
+
+// The state entering step s: the initial state (or zeros) at s = 0, else the previous
+// step's output row block.
+template <class T>
+Rows<const T> previous(const DirectionForward& a, int64_t s, int64_t T_, int64_t N,
+                       const T* zeros, int64_t H) {
+  if (s == 0)
+    return a.h0 ? Rows<const T>{static_cast<const T*>(a.h0), a.h0_ld} : Rows<const T>{zeros, H};
+  const int64_t t = step_time(s - 1, T_, a.flip_out);
+  return {static_cast<const T*>(a.y) + t * N * a.y_ld, a.y_ld};
+}
+
+// h ⊙ m into `out` when there is a mask; otherwise h itself.
+template <class T>
+Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int64_t H, T* out) {
+  if (!a.mask) return h;
+  const T* m = static_cast<const T*>(a.mask);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* hr = h.row(n);
+    const T* mr = m + n * a.mask_ld;
+    T* o = out + n * H;
+    for (int64_t j = 0; j < H; ++j) o[j] = hr[j] * mr[j];
+  }
+  return {out, H};
+}
+
+// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS.
+template <class T>
+void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_t rows, T* acc,
+                       int64_t acc_ld) {
+  gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
+}
+
+template <class T>
+void rnn_forward(const Problem& p, const DirectionForward& a);
+template <class T>
+void lstm_forward(const Problem& p, const DirectionForward& a);
+template <class T>
+void gru_forward(const Problem& p, const DirectionForward& a);
+
+}  // namespace rnncore::cpu

@@ -1,0 +1,32 @@
+"""Shared helpers for the test suites (imported as `util`; tests/ is on pythonpath)."""
+
+import os
+
+import numpy as np
+
+import rnncore
+
+# The contract's tolerances: relative to the reference's norm.
+FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+GRADIENT_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+
+
+def rel_err(actual, expected):
+    """||actual - expected|| / ||expected|| in float64 (absolute when expected is ~0)."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
+    den = np.linalg.norm(e)
+    num = np.linalg.norm(a - e)
+    return num / den if den > 1e-30 else num
+
+
+def assert_rel_close(actual, expected, tol, what=""):
+    err = rel_err(actual, expected)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+
+
+def devices_under_test():
+    """Devices the suites run on: every available one, or RNNCORE_DEVICE alone."""
+    forced = os.environ.get("RNNCORE_DEVICE")
+    return [forced] if forced else list(rnncore.devices())
