@@ -126,10 +126,7 @@ void validate_common(Checker& c, Problem& p, const In& in, bool bidirectional) {
   p.dtype = c.dtype_value();
 }
 
-}  // namespace
-
-Problem validate(const RNNInputs& in, const RNNDescriptor& d) {
-  Checker c(OpKind::Rnn);
+Problem validate_inputs(Checker& c, const RNNInputs& in, const RNNDescriptor& d) {
   c.activation("activation", d.activation);
   Problem p;
   p.op = OpKind::Rnn;
@@ -141,8 +138,7 @@ Problem validate(const RNNInputs& in, const RNNDescriptor& d) {
   return p;
 }
 
-Problem validate(const LSTMInputs& in, const LSTMDescriptor& d) {
-  Checker c(OpKind::Lstm);
+Problem validate_inputs(Checker& c, const LSTMInputs& in, const LSTMDescriptor& d) {
   c.activation("input_gate_activation", d.input_gate_activation);
   c.activation("forget_gate_activation", d.forget_gate_activation);
   c.activation("cell_gate_activation", d.cell_gate_activation);
@@ -179,8 +175,7 @@ Problem validate(const LSTMInputs& in, const LSTMDescriptor& d) {
   return p;
 }
 
-Problem validate(const GRUInputs& in, const GRUDescriptor& d) {
-  Checker c(OpKind::Gru);
+Problem validate_inputs(Checker& c, const GRUInputs& in, const GRUDescriptor& d) {
   c.activation("update_gate_activation", d.update_gate_activation);
   c.activation("reset_gate_activation", d.reset_gate_activation);
   c.activation("output_gate_activation", d.output_gate_activation);
@@ -204,6 +199,72 @@ Problem validate(const GRUInputs& in, const GRUDescriptor& d) {
   p.gate_act[p.gru_z] = d.update_gate_activation;
   p.gate_act[p.gru_r] = d.reset_gate_activation;
   p.gate_act[2] = d.output_gate_activation;
+  return p;
+}
+
+// The inputs every gradient op adds to its forward op's.
+template <class In>
+void validate_gradient_common(Checker& c, const Problem& p, const In& in) {
+  const Shape seq = {p.T, p.N, p.dh()};
+  c.dtype("source_gradient", in.source_gradient);
+  c.exact("source_gradient", in.source_gradient, seq, "(T, N, D*H)");
+  c.dtype("z_state", in.z_state);
+  c.exact("z_state", in.z_state, {p.T, p.N, p.D * p.ZG * p.H},
+          "(the training state of a forward run with this descriptor)");
+  if (in.state_gradient) {
+    c.dtype("state_gradient", *in.state_gradient);
+    c.exact("state_gradient", *in.state_gradient, {p.N, p.dh()}, "(N, D*H)");
+  }
+}
+
+}  // namespace
+
+Problem validate(const RNNInputs& in, const RNNDescriptor& d) {
+  Checker c("single_gate_rnn");
+  return validate_inputs(c, in, d);
+}
+
+Problem validate(const LSTMInputs& in, const LSTMDescriptor& d) {
+  Checker c("lstm");
+  return validate_inputs(c, in, d);
+}
+
+Problem validate(const GRUInputs& in, const GRUDescriptor& d) {
+  Checker c("gru");
+  return validate_inputs(c, in, d);
+}
+
+Problem validate(const RNNGradientInputs& in, const RNNDescriptor& d) {
+  Checker c("single_gate_rnn_gradients");
+  Problem p = validate_inputs(c, in, d);
+  validate_gradient_common(c, p, in);
+  return p;
+}
+
+Problem validate(const LSTMGradientInputs& in, const LSTMDescriptor& d) {
+  Checker c("lstm_gradients");
+  Problem p = validate_inputs(c, in, d);
+  validate_gradient_common(c, p, in);
+  c.dtype("cell_output_fwd", in.cell_output_fwd);
+  c.exact("cell_output_fwd", in.cell_output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
+  if (in.cell_gradient) {
+    const TensorView& g = *in.cell_gradient;
+    c.dtype("cell_gradient", g);
+    const Shape fin = {p.N, p.dh()}, steps = {p.T, p.N, p.dh()};
+    if (g.shape != fin && g.shape != steps)
+      c.value_error("cell_gradient must have shape " + shape_to_string(fin) +
+                    " (N, D*H: the final cell) or " + shape_to_string(steps) +
+                    " (T, N, D*H: every step) but has " + shape_to_string(g.shape));
+  }
+  return p;
+}
+
+Problem validate(const GRUGradientInputs& in, const GRUDescriptor& d) {
+  Checker c("gru_gradients");
+  Problem p = validate_inputs(c, in, d);
+  validate_gradient_common(c, p, in);
+  c.dtype("output_fwd", in.output_fwd);
+  c.exact("output_fwd", in.output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
   return p;
 }
 

@@ -13,7 +13,7 @@ namespace rnncore::detail {
 
 class Checker {
  public:
-  explicit Checker(OpKind op) : op_(op_name(op)) {}
+  explicit Checker(const char* op) : op_(op) {}
 
   [[noreturn]] void value_error(const std::string& msg) const;
   [[noreturn]] void type_error(const std::string& msg) const;
@@ -35,5 +35,8 @@ class Checker {
 Problem validate(const RNNInputs& in, const RNNDescriptor& d);
 Problem validate(const LSTMInputs& in, const LSTMDescriptor& d);
 Problem validate(const GRUInputs& in, const GRUDescriptor& d);
+Problem validate(const RNNGradientInputs& in, const RNNDescriptor& d);
+Problem validate(const LSTMGradientInputs& in, const LSTMDescriptor& d);
+Problem validate(const GRUGradientInputs& in, const GRUDescriptor& d);
 
 }  // namespace rnncore::detail
