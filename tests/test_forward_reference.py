@@ -1,0 +1,223 @@
+"""Forward ops against rnncore.reference (float64 numpy) over flags, inputs and sizes.
+
+Every output is compared (state, cell, z_state) within FORWARD_TOL of the inputs' dtype;
+the reference always runs in float64 on the same (rounded) inputs.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import rnncore
+from cases import (
+    ACTIVATION_FIELDS,
+    ACTIVATIONS,
+    DTYPES,
+    FLAG_FIELDS,
+    KINDS,
+    MASK_FORMS,
+    OPTIONAL_INPUTS,
+    as_float64,
+    check_close,
+    check_layout,
+    forward_tol,
+    make_descriptor,
+    make_inputs,
+    run,
+    skip_unsupported,
+)
+from rnncore import reference
+
+T_, N_, I_, H_ = 4, 3, 5, 6
+
+
+def compare(rng, device, kind, dtype, desc, *, T=T_, N=N_, H=H_, **input_options):
+    skip_unsupported(device, dtype)
+    inputs = make_inputs(
+        rng, kind, T=T, N=N, H=H, bidirectional=desc.bidirectional, dtype=dtype, **input_options
+    )
+    actual = run(rnncore, kind, inputs, desc, device=device)
+    expected = run(reference, kind, as_float64(inputs), desc)
+    what = f"{kind} {desc!r}"
+    check_layout(actual, kind, desc, T, N, H, dtype, what)
+    check_close(actual, expected, kind, forward_tol(dtype), what)
+
+
+def all_inputs(kind):
+    """Every optional input of `kind` given (mask in its full [N, D·H] form)."""
+    options = {"I": I_, "bias": True, "init_state": True, "mask": "ndh"}
+    if kind == "lstm":
+        options.update(init_cell=True, peephole=True)
+    if kind == "gru":
+        options.update(secondary_bias=True)
+    return options
+
+
+def flag_cases():
+    for kind in KINDS:
+        fields = FLAG_FIELDS[kind]
+        for values in itertools.product((False, True), repeat=len(fields)):
+            flags = dict(zip(fields, values))
+            tag = "-".join(f for f, v in flags.items() if v) or "default"
+            yield pytest.param(kind, flags, id=f"{kind}-{tag}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("given", ["all-inputs", "no-optional-inputs"])
+@pytest.mark.parametrize(("kind", "flags"), list(flag_cases()))
+def test_every_flag_combination_matches_reference(rng, device, kind, flags, given, dtype):
+    desc = make_descriptor(kind, **flags)
+    options = all_inputs(kind) if given == "all-inputs" else {}
+    compare(rng, device, kind, dtype, desc, **options)
+
+
+def optional_input_cases():
+    for kind in KINDS:
+        for name in OPTIONAL_INPUTS[kind]:
+            if name == "input_weight":
+                yield pytest.param(kind, {"I": I_}, id=f"{kind}-input_weight")
+            elif name == "mask":
+                for form in MASK_FORMS:
+                    yield pytest.param(kind, {"mask": form}, id=f"{kind}-mask_{form}")
+            else:
+                yield pytest.param(kind, {name: True}, id=f"{kind}-{name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize(("kind", "options"), list(optional_input_cases()))
+def test_each_optional_input_matches_reference(rng, device, kind, options, bidirectional, dtype):
+    # training so that z_state (and the LSTM cell) are compared too; GRU with reset_after
+    # so that secondary_bias matters (reset_after=False ignoring it is in the flag sweep).
+    flags = {"bidirectional": bidirectional, "training": True}
+    if kind == "gru":
+        flags["reset_after"] = True
+    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **options)
+
+
+def activation_cases():
+    for kind in KINDS:
+        for field in ACTIVATION_FIELDS[kind]:
+            for act in ACTIVATIONS:
+                yield pytest.param(kind, field, act, id=f"{kind}-{field}-{act}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(("kind", "field", "activation"), list(activation_cases()))
+def test_every_activation_on_every_gate_matches_reference(
+    rng, device, kind, field, activation, dtype
+):
+    flags = {field: activation, "training": True}
+    if kind == "gru":
+        flags["reset_after"] = True
+    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **all_inputs(kind))
+
+
+def test_all_gates_with_distinct_activations_match_reference(rng, device):
+    """One descriptor per op with every gate's activation different from its default."""
+    descs = {
+        "rnn": dict(activation="HARD_SIGMOID"),
+        "lstm": dict(
+            input_gate_activation="HARD_SIGMOID",
+            forget_gate_activation="TANH",
+            cell_gate_activation="RELU",
+            output_gate_activation="NONE",
+            activation="SIGMOID",
+        ),
+        "gru": dict(
+            update_gate_activation="HARD_SIGMOID",
+            reset_gate_activation="TANH",
+            output_gate_activation="RELU",
+            reset_after=True,
+        ),
+    }
+    for kind, fields in descs.items():
+        for bidirectional in (False, True):
+            desc = make_descriptor(kind, training=True, bidirectional=bidirectional, **fields)
+            compare(rng, device, kind, np.float32, desc, **all_inputs(kind))
+
+
+# (T, N, I, H): T = 1, N = 1, H either side of 32, I != H, and no input weight (I None).
+SIZES = [
+    (1, 3, 4, 5),
+    (5, 1, 4, 5),
+    (3, 2, 7, 1),
+    (3, 2, 7, 31),
+    (3, 2, 40, 32),
+    (3, 2, 7, 33),
+    (4, 5, None, 33),
+    (7, 9, 33, 32),
+    (2, 3, 9, 127),
+    (3, 67, 8, 33),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize(
+    ("T", "N", "I", "H"), SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES]
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_awkward_sizes_match_reference(rng, device, kind, T, N, I, H, bidirectional, dtype):  # noqa: E741
+    flags = {"bidirectional": bidirectional, "training": True}
+    if kind == "gru":
+        flags["reset_after"] = True
+    options = all_inputs(kind)
+    options["I"] = I
+    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), T=T, N=N, H=H, **options)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize(("T", "N"), [(0, 3), (4, 0), (0, 0)], ids=["T0", "N0", "T0-N0"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_sizes_give_empty_outputs_of_the_right_shape(
+    rng, device, kind, T, N, bidirectional, training, dtype
+):
+    skip_unsupported(device, dtype)
+    H = 5
+    flags = {"bidirectional": bidirectional, "training": training}
+    if kind == "lstm":
+        flags["produce_cell"] = True
+    if kind == "gru":
+        flags["reset_after"] = True
+    desc = make_descriptor(kind, **flags)
+    options = all_inputs(kind)
+    inputs = make_inputs(
+        rng, kind, T=T, N=N, H=H, bidirectional=bidirectional, dtype=dtype, **options
+    )
+    result = run(rnncore, kind, inputs, desc, device=device)
+    check_layout(result, kind, desc, T, N, H, dtype, f"{kind} T={T} N={N}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_descriptor_matches_reference(rng, device, kind, dtype):
+    skip_unsupported(device, dtype)
+    inputs = make_inputs(rng, kind, T=T_, N=N_, H=H_, I=I_, dtype=dtype, bias=True)
+    actual = run(rnncore, kind, inputs, None, device=device)
+    expected = run(reference, kind, as_float64(inputs), None)
+    default = make_descriptor(kind)
+    check_layout(actual, kind, default, T_, N_, H_, dtype, f"{kind} descriptor=None")
+    check_close(actual, expected, kind, forward_tol(dtype), f"{kind} descriptor=None")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_saturating_pre_activations_match_reference(rng, device, kind, bidirectional, dtype):
+    """Pre-activations of about +-100: sigmoid and tanh saturate without NaN or overflow."""
+    skip_unsupported(device, dtype)
+    flags = {"bidirectional": bidirectional, "training": True}
+    if kind == "rnn":
+        flags["activation"] = "SIGMOID"
+    desc = make_descriptor(kind, **flags)
+    inputs = make_inputs(
+        rng, kind, T=T_, N=N_, H=H_, bidirectional=bidirectional, dtype=dtype, bias=True
+    )
+    inputs["source"] = (inputs["source"] * 100).astype(dtype)
+    inputs["source"][0, 0, :4] = [100, -100, 1000, -1000]
+    actual = run(rnncore, kind, inputs, desc, device=device)
+    expected = run(reference, kind, as_float64(inputs), desc)
+    check_close(actual, expected, kind, forward_tol(dtype), f"{kind} saturating")

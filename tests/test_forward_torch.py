@@ -1,0 +1,128 @@
+"""Forward ops against PyTorch's nn.RNN / nn.LSTM / nn.GRU through the contract's mappings.
+
+PyTorch in float64 is the ground truth. Its parameters and inputs are rounded to float32
+first, so the float32 run of rnncore sees exactly the same numbers as the float64 one.
+"""
+
+import numpy as np
+import pytest
+import rnncore
+from cases import DTYPES, forward_tol, make_descriptor, skip_unsupported
+from util import assert_rel_close
+
+torch = pytest.importorskip("torch")
+
+T, N, I, H = 6, 3, 5, 7  # noqa: E741
+
+MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+
+
+def torch_module(mode, bidirectional):
+    torch.manual_seed(1234)
+    if mode.startswith("rnn"):
+        nonlinearity = mode.split("_")[1]
+        module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
+    elif mode == "lstm":
+        module = torch.nn.LSTM(I, H, bidirectional=bidirectional)
+    else:
+        module = torch.nn.GRU(I, H, bidirectional=bidirectional)
+    module = module.double()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.float().double())  # exactly representable in float32
+    return module
+
+
+def to_rnncore(mode, module, bidirectional):
+    """(kind, descriptor, dict of weights) per the contract's PyTorch mappings."""
+    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
+
+    def param(name, suffix):
+        return getattr(module, name + suffix).detach().numpy()
+
+    w_ih = [param("weight_ih", s) for s in suffixes]
+    w_hh = [param("weight_hh", s) for s in suffixes]
+    b_ih = [param("bias_ih", s) for s in suffixes]
+    b_hh = [param("bias_hh", s) for s in suffixes]
+    weights = {
+        "input_weight": np.concatenate(w_ih, axis=0),
+        "recurrent_weight": np.stack(w_hh) if bidirectional else w_hh[0],
+    }
+    if mode == "gru":
+        # Stored gate order r, z, n: bias = [b_ir + b_hr, b_iz + b_hz, b_in], b2 = b_hn.
+        weights["bias"] = np.concatenate(
+            [np.concatenate([bi[: 2 * H] + bh[: 2 * H], bi[2 * H :]]) for bi, bh in zip(b_ih, b_hh)]
+        )
+        weights["secondary_bias"] = np.concatenate([bh[2 * H :] for bh in b_hh])
+        kind = "gru"
+        desc = make_descriptor(
+            kind, bidirectional=bidirectional, reset_gate_first=True, reset_after=True
+        )
+    else:
+        weights["bias"] = np.concatenate([bi + bh for bi, bh in zip(b_ih, b_hh)])
+        if mode == "lstm":
+            kind = "lstm"
+            desc = make_descriptor(kind, bidirectional=bidirectional, produce_cell=True)
+        else:
+            kind = "rnn"
+            act = "TANH" if mode == "rnn_tanh" else "RELU"
+            desc = make_descriptor(kind, bidirectional=bidirectional, activation=act)
+    return kind, desc, weights
+
+
+def to_init(h0):
+    """PyTorch's [D, N, H] initial state as the contract's [N, D·H]."""
+    return np.ascontiguousarray(h0.transpose(1, 0, 2).reshape(h0.shape[1], -1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("with_init", [False, True], ids=["zero-init", "init"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtype):
+    skip_unsupported(device, dtype)
+    D = 2 if bidirectional else 1
+    module = torch_module(mode, bidirectional)
+    kind, desc, weights = to_rnncore(mode, module, bidirectional)
+
+    x = rng.standard_normal((T, N, I)).astype(np.float32).astype(np.float64)
+    h0 = (0.7 * rng.standard_normal((D, N, H))).astype(np.float32).astype(np.float64)
+    c0 = rng.standard_normal((D, N, H)).astype(np.float32).astype(np.float64)
+
+    with torch.no_grad():
+        if kind == "lstm":
+            if with_init:
+                out, (h_n, c_n) = module(
+                    torch.from_numpy(x), (torch.from_numpy(h0), torch.from_numpy(c0))
+                )
+            else:
+                out, (h_n, c_n) = module(torch.from_numpy(x))
+            c_n = c_n.numpy()
+        else:
+            out, h_n = module(torch.from_numpy(x), torch.from_numpy(h0) if with_init else None)
+    out, h_n = out.numpy(), h_n.numpy()
+
+    args = dict(weights)
+    if with_init:
+        args["init_state"] = to_init(h0)
+        if kind == "lstm":
+            args["init_cell"] = to_init(c0)
+    args = {k: v.astype(dtype) for k, v in args.items()}
+    fn = {"rnn": rnncore.single_gate_rnn, "lstm": rnncore.lstm, "gru": rnncore.gru}[kind]
+    rec = args.pop("recurrent_weight")
+    result = fn(x.astype(dtype), rec, **args, descriptor=desc, device=device)
+
+    tol = forward_tol(dtype)
+    what = f"{mode} D={D} init={with_init} {np.dtype(dtype).name}"
+    assert result.state.dtype == np.dtype(dtype)
+    assert result.state.shape == (T, N, D * H)
+    assert_rel_close(result.state, out, tol, f"{what}: output")
+    # Final states: forward direction after x[T-1], backward direction after x[0].
+    assert_rel_close(result.state[T - 1, :, 0:H], h_n[0], tol, f"{what}: h_n[0]")
+    if bidirectional:
+        assert_rel_close(result.state[0, :, H : 2 * H], h_n[1], tol, f"{what}: h_n[1]")
+    if kind == "lstm":
+        assert result.cell is not None and result.cell.shape == (T, N, D * H)
+        assert_rel_close(result.cell[T - 1, :, 0:H], c_n[0], tol, f"{what}: c_n[0]")
+        if bidirectional:
+            assert_rel_close(result.cell[0, :, H : 2 * H], c_n[1], tol, f"{what}: c_n[1]")
