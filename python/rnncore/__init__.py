@@ -23,17 +23,23 @@ from ._core import (
 __all__ = [
     "Activation",
     "GRUDescriptor",
+    "GRUGradients",
     "GRUResult",
     "LSTMDescriptor",
+    "LSTMGradients",
     "LSTMResult",
     "RNNDescriptor",
+    "RNNGradients",
     "RNNResult",
     "__version__",
     "build_info",
     "devices",
     "gru",
+    "gru_gradients",
     "lstm",
+    "lstm_gradients",
     "single_gate_rnn",
+    "single_gate_rnn_gradients",
 ]
 
 
@@ -149,6 +155,156 @@ def gru(
             init_state,
             mask,
             secondary_bias,
+            descriptor=descriptor,
+            device=device,
+        )
+    )
+
+
+class RNNGradients(NamedTuple):
+    source: np.ndarray
+    recurrent_weight: np.ndarray
+    input_weight: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
+    init_state: Optional[np.ndarray]
+
+
+class LSTMGradients(NamedTuple):
+    source: np.ndarray
+    recurrent_weight: np.ndarray
+    input_weight: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
+    peephole: Optional[np.ndarray]
+    init_state: Optional[np.ndarray]
+    init_cell: Optional[np.ndarray]
+
+
+class GRUGradients(NamedTuple):
+    source: np.ndarray
+    recurrent_weight: np.ndarray
+    input_weight: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
+    init_state: Optional[np.ndarray]
+    secondary_bias: Optional[np.ndarray]
+
+
+def single_gate_rnn_gradients(
+    source,
+    recurrent_weight,
+    source_gradient,
+    z_state,
+    *,
+    state_gradient=None,
+    input_weight=None,
+    bias=None,
+    init_state=None,
+    mask=None,
+    descriptor: Optional[RNNDescriptor] = None,
+    device: Optional[str] = None,
+) -> RNNGradients:
+    """Gradients of :func:`single_gate_rnn` by back-propagation through time.
+
+    source_gradient is dL/d(state) in the state output's layout; z_state comes from a
+    forward run with ``training=True`` and the same descriptor; state_gradient [N, D*H]
+    is an extra gradient into each direction's final state. Returns the gradient of every
+    input that was given (None for the others), each in that input's shape.
+    """
+    return RNNGradients(
+        *_core.single_gate_rnn_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            state_gradient=state_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            mask=mask,
+            descriptor=descriptor,
+            device=device,
+        )
+    )
+
+
+def lstm_gradients(
+    source,
+    recurrent_weight,
+    source_gradient,
+    z_state,
+    cell_output_fwd,
+    *,
+    state_gradient=None,
+    cell_gradient=None,
+    input_weight=None,
+    bias=None,
+    init_state=None,
+    init_cell=None,
+    mask=None,
+    peephole=None,
+    descriptor: Optional[LSTMDescriptor] = None,
+    device: Optional[str] = None,
+) -> LSTMGradients:
+    """Gradients of :func:`lstm` by back-propagation through time.
+
+    cell_output_fwd is the forward cell output; cell_gradient is dL/d(final cell)
+    [N, D*H] or dL/d(c[t]) for every step [T, N, D*H]. See
+    :func:`single_gate_rnn_gradients` for the other arguments.
+    """
+    return LSTMGradients(
+        *_core.lstm_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            cell_output_fwd,
+            state_gradient=state_gradient,
+            cell_gradient=cell_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            init_cell=init_cell,
+            mask=mask,
+            peephole=peephole,
+            descriptor=descriptor,
+            device=device,
+        )
+    )
+
+
+def gru_gradients(
+    source,
+    recurrent_weight,
+    source_gradient,
+    z_state,
+    output_fwd,
+    *,
+    state_gradient=None,
+    input_weight=None,
+    bias=None,
+    init_state=None,
+    mask=None,
+    secondary_bias=None,
+    descriptor: Optional[GRUDescriptor] = None,
+    device: Optional[str] = None,
+) -> GRUGradients:
+    """Gradients of :func:`gru` by back-propagation through time.
+
+    output_fwd is the forward state output. See :func:`single_gate_rnn_gradients` for the
+    other arguments; secondary_bias gets zeros when ``reset_after`` is false.
+    """
+    return GRUGradients(
+        *_core.gru_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            output_fwd,
+            state_gradient=state_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            mask=mask,
+            secondary_bias=secondary_bias,
             descriptor=descriptor,
             device=device,
         )

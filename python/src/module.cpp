@@ -387,4 +387,104 @@ NB_MODULE(_core, m) {
       "source"_a, "recurrent_weight"_a, "input_weight"_a = nb::none(), "bias"_a = nb::none(),
       "init_state"_a = nb::none(), "mask"_a = nb::none(), "secondary_bias"_a = nb::none(),
       nb::kw_only(), "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+
+  m.def(
+      "single_gate_rnn_gradients",
+      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
+         const Array& z_state, const OptArray& state_gradient, const OptArray& input_weight,
+         const OptArray& bias, const OptArray& init_state, const OptArray& mask,
+         const RNNDescriptor* descriptor, const std::optional<std::string>& device) {
+        const char* op = "single_gate_rnn_gradients";
+        RNNGradientInputs in;
+        static_cast<RNNInputs&>(in) = {
+            view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
+            view(op, "input_weight", input_weight), view(op, "bias", bias),
+            view(op, "init_state", init_state), view(op, "mask", mask)};
+        in.source_gradient = view(op, "source_gradient", source_gradient);
+        in.z_state = view(op, "z_state", z_state);
+        in.state_gradient = view(op, "state_gradient", state_gradient);
+        const Device dev = device_arg(device);
+        RNNGradients g;
+        {
+          nb::gil_scoped_release release;
+          g = single_gate_rnn_gradients(in, descriptor_arg(descriptor), dev);
+        }
+        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
+                              to_numpy(g.input_weight), to_numpy(g.bias),
+                              to_numpy(g.init_state));
+      },
+      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, nb::kw_only(),
+      "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(), "bias"_a = nb::none(),
+      "init_state"_a = nb::none(), "mask"_a = nb::none(), "descriptor"_a.none() = nb::none(),
+      "device"_a.none() = nb::none());
+
+  m.def(
+      "lstm_gradients",
+      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
+         const Array& z_state, const Array& cell_output_fwd, const OptArray& state_gradient,
+         const OptArray& cell_gradient, const OptArray& input_weight, const OptArray& bias,
+         const OptArray& init_state, const OptArray& init_cell, const OptArray& mask,
+         const OptArray& peephole, const LSTMDescriptor* descriptor,
+         const std::optional<std::string>& device) {
+        const char* op = "lstm_gradients";
+        LSTMGradientInputs in;
+        static_cast<LSTMInputs&>(in) = {
+            view(op, "source", source),         view(op, "recurrent_weight", recurrent_weight),
+            view(op, "input_weight", input_weight), view(op, "bias", bias),
+            view(op, "init_state", init_state), view(op, "init_cell", init_cell),
+            view(op, "mask", mask),             view(op, "peephole", peephole)};
+        in.source_gradient = view(op, "source_gradient", source_gradient);
+        in.z_state = view(op, "z_state", z_state);
+        in.cell_output_fwd = view(op, "cell_output_fwd", cell_output_fwd);
+        in.state_gradient = view(op, "state_gradient", state_gradient);
+        in.cell_gradient = view(op, "cell_gradient", cell_gradient);
+        const Device dev = device_arg(device);
+        LSTMGradients g;
+        {
+          nb::gil_scoped_release release;
+          g = lstm_gradients(in, descriptor_arg(descriptor), dev);
+        }
+        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
+                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.peephole),
+                              to_numpy(g.init_state), to_numpy(g.init_cell));
+      },
+      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, "cell_output_fwd"_a,
+      nb::kw_only(), "state_gradient"_a = nb::none(), "cell_gradient"_a = nb::none(),
+      "input_weight"_a = nb::none(), "bias"_a = nb::none(), "init_state"_a = nb::none(),
+      "init_cell"_a = nb::none(), "mask"_a = nb::none(), "peephole"_a = nb::none(),
+      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+
+  m.def(
+      "gru_gradients",
+      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
+         const Array& z_state, const Array& output_fwd, const OptArray& state_gradient,
+         const OptArray& input_weight, const OptArray& bias, const OptArray& init_state,
+         const OptArray& mask, const OptArray& secondary_bias, const GRUDescriptor* descriptor,
+         const std::optional<std::string>& device) {
+        const char* op = "gru_gradients";
+        GRUGradientInputs in;
+        static_cast<GRUInputs&>(in) = {
+            view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
+            view(op, "input_weight", input_weight), view(op, "bias", bias),
+            view(op, "init_state", init_state), view(op, "mask", mask),
+            view(op, "secondary_bias", secondary_bias)};
+        in.source_gradient = view(op, "source_gradient", source_gradient);
+        in.z_state = view(op, "z_state", z_state);
+        in.output_fwd = view(op, "output_fwd", output_fwd);
+        in.state_gradient = view(op, "state_gradient", state_gradient);
+        const Device dev = device_arg(device);
+        GRUGradients g;
+        {
+          nb::gil_scoped_release release;
+          g = gru_gradients(in, descriptor_arg(descriptor), dev);
+        }
+        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
+                              to_numpy(g.input_weight), to_numpy(g.bias),
+                              to_numpy(g.init_state), to_numpy(g.secondary_bias));
+      },
+      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, "output_fwd"_a,
+      nb::kw_only(), "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(),
+      "bias"_a = nb::none(), "init_state"_a = nb::none(), "mask"_a = nb::none(),
+      "secondary_bias"_a = nb::none(), "descriptor"_a.none() = nb::none(),
+      "device"_a.none() = nb::none());
 }

@@ -56,11 +56,65 @@ struct GRUResults {
   std::optional<Tensor> z_state;  // [T, N, D*3H], or [T, N, D*4H] when reset_after
 };
 
+// ---- Gradients (contract: "Gradient operations") -------------------------------------------
+// Each takes the forward inputs again plus the gradient of the first output, the training
+// state of a forward run with the same descriptor and, for GRU / LSTM, the forward h / c.
+// A gradient is returned for every differentiable input that was given.
+
+struct RNNGradientInputs : RNNInputs {
+  TensorView source_gradient;  // [T, N, D*H], laid out as the state output
+  TensorView z_state;          // [T, N, D*H]
+  std::optional<TensorView> state_gradient;  // [N, D*H]: into each direction's final state
+};
+
+struct RNNGradients {
+  Tensor source;
+  Tensor recurrent_weight;
+  std::optional<Tensor> input_weight, bias, init_state;
+};
+
+struct LSTMGradientInputs : LSTMInputs {
+  TensorView source_gradient;  // [T, N, D*H]
+  TensorView z_state;          // [T, N, D*4H]
+  TensorView cell_output_fwd;  // [T, N, D*H]: the forward cell output
+  std::optional<TensorView> state_gradient;  // [N, D*H]
+  std::optional<TensorView> cell_gradient;   // [N, D*H] (final cell) or [T, N, D*H] (per step)
+};
+
+struct LSTMGradients {
+  Tensor source;
+  Tensor recurrent_weight;
+  std::optional<Tensor> input_weight, bias, peephole, init_state, init_cell;
+};
+
+struct GRUGradientInputs : GRUInputs {
+  TensorView source_gradient;  // [T, N, D*H]
+  TensorView z_state;          // [T, N, D*3H], or [T, N, D*4H] with reset_after
+  TensorView output_fwd;       // [T, N, D*H]: the forward state output
+  std::optional<TensorView> state_gradient;  // [N, D*H]
+};
+
+struct GRUGradients {
+  Tensor source;
+  Tensor recurrent_weight;
+  std::optional<Tensor> input_weight, bias, init_state, secondary_bias;
+};
+
 RNNResults single_gate_rnn(const RNNInputs& inputs, const RNNDescriptor& descriptor = {},
                            Device device = Device::Auto);
 LSTMResults lstm(const LSTMInputs& inputs, const LSTMDescriptor& descriptor = {},
                  Device device = Device::Auto);
 GRUResults gru(const GRUInputs& inputs, const GRUDescriptor& descriptor = {},
                Device device = Device::Auto);
+
+// The descriptor's `training` field is ignored by the gradient operations.
+RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& inputs,
+                                       const RNNDescriptor& descriptor = {},
+                                       Device device = Device::Auto);
+LSTMGradients lstm_gradients(const LSTMGradientInputs& inputs,
+                             const LSTMDescriptor& descriptor = {},
+                             Device device = Device::Auto);
+GRUGradients gru_gradients(const GRUGradientInputs& inputs, const GRUDescriptor& descriptor = {},
+                           Device device = Device::Auto);
 
 }  // namespace rnncore

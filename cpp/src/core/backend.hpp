@@ -35,6 +35,46 @@ struct DirectionForward {
   bool flip_out = false;
 };
 
+// One direction of back-propagation through time (contract: "Gradient operations").
+// Forward data and dy are read at output time (flip_out), dX' is written at input time
+// (flip_in). Null pointers mean "absent" (zeros for inputs, not wanted for outputs).
+struct DirectionBackward {
+  const void* z = nullptr;  // training state [T, N, ZG*H]
+  int64_t z_ld = 0;
+  const void* h_fwd = nullptr;  // GRU forward state output [T, N, H]
+  int64_t h_fwd_ld = 0;
+  const void* c_fwd = nullptr;  // LSTM forward cell output [T, N, H]
+  int64_t c_fwd_ld = 0;
+  const void* R = nullptr;
+  const void* h0 = nullptr;
+  int64_t h0_ld = 0;
+  const void* c0 = nullptr;
+  int64_t c0_ld = 0;
+  const void* mask = nullptr;
+  int64_t mask_ld = 0;
+  const void* peephole = nullptr;
+  const void* dy = nullptr;  // source_gradient [T, N, H]
+  int64_t dy_ld = 0;
+  const void* dh_final = nullptr;  // state_gradient [N, H]
+  int64_t dh_final_ld = 0;
+  const void* dc_final = nullptr;  // LSTM final-cell gradient [N, H]
+  int64_t dc_final_ld = 0;
+  const void* dc_steps = nullptr;  // LSTM per-step cell gradient [T, N, H]
+  int64_t dc_steps_ld = 0;
+
+  void* dxp = nullptr;  // dX' [T, N, G*H] (input time)
+  int64_t dxp_ld = 0;
+  void* dR = nullptr;   // [G*H, H]
+  void* dP = nullptr;   // LSTM [4H] or null
+  void* db2 = nullptr;  // GRU reset-after secondary-bias gradient [H] or null
+  void* dh0 = nullptr;  // [N, H] or null
+  int64_t dh0_ld = 0;
+  void* dc0 = nullptr;  // LSTM [N, H] or null
+  int64_t dc0_ld = 0;
+  bool flip_in = false;
+  bool flip_out = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -47,6 +87,12 @@ class Backend {
                        const void* bias, void* xp) = 0;
   // Runs every direction of the core recurrence (independent of each other).
   virtual void forward(const Problem& p, const DirectionForward* dirs) = 0;
+  // Runs every direction of BPTT; fills dX' and the recurrent-side gradients.
+  virtual void backward(const Problem& p, const DirectionBackward* dirs) = 0;
+  // From dX' [T*N, D*G*H]: dsource = dX' W (or dX' without W; dsource may be null then),
+  // dW = dX'^T source, dbias = column sums of dX'. Null outputs are not wanted.
+  virtual void input_gradients(const Problem& p, const void* dxp, const void* source,
+                               const void* W, void* dsource, void* dW, void* dbias) = 0;
 };
 
 Backend& cpu_backend();

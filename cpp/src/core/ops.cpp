@@ -109,6 +109,122 @@ Outputs run_forward(const Problem& p, const CommonInputs& in, Backend& be) {
   return out;
 }
 
+
+struct CommonGradInputs {
+  CommonInputs fwd;
+  const void* dy;
+  const void* z_state;
+  const void* h_fwd;
+  const void* c_fwd;
+  const void* state_gradient;
+  const std::optional<TensorView>* cell_gradient;
+};
+
+struct GradOutputs {
+  Tensor source, recurrent_weight;
+  std::optional<Tensor> input_weight, bias, init_state, init_cell, peephole, secondary_bias;
+};
+
+GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& be,
+                         bool want_secondary_bias) {
+  const int64_t T = p.T, N = p.N, H = p.H, D = p.D, DH = p.dh(), GH = p.gh();
+  const int64_t dgh = D * GH;
+  const int64_t es = dtype_size(p.dtype);
+  GradOutputs g;
+  g.recurrent_weight =
+      Tensor::zeros(D == 2 ? Shape{2, GH, H} : Shape{GH, H}, p.dtype);
+  if (p.has_input_weight) g.input_weight = Tensor::zeros({dgh, p.I}, p.dtype);
+  if (p.has_bias) g.bias = Tensor::zeros({dgh}, p.dtype);
+  if (p.has_peephole) g.peephole = Tensor::zeros(D == 2 ? Shape{2, 4 * H} : Shape{4 * H}, p.dtype);
+  if (want_secondary_bias) g.secondary_bias = Tensor::zeros({DH}, p.dtype);
+
+  const bool final_cell =
+      in.cell_gradient->has_value() && (*in.cell_gradient)->rank() == 2;
+  // With nothing to propagate through, the initial-state gradients are the final ones.
+  auto passthrough = [&](const void* src, std::optional<Tensor>& dst) {
+    dst = Tensor::zeros({N, DH}, p.dtype);
+    if (src) std::memcpy(dst->data(), src, static_cast<size_t>(dst->nbytes()));
+  };
+  if (T == 0 || N == 0 || H == 0) {
+    g.source = Tensor::zeros(in.fwd.source->shape, p.dtype);
+    if (p.has_init_state) passthrough(in.state_gradient, g.init_state);
+    if (p.has_init_cell)
+      passthrough(final_cell ? (*in.cell_gradient)->data : nullptr, g.init_cell);
+    return g;
+  }
+  if (p.has_init_state) g.init_state = be.allocate({N, DH}, p.dtype);
+  if (p.has_init_cell) g.init_cell = be.allocate({N, DH}, p.dtype);
+
+  Tensor mask;
+  if (p.has_mask) {
+    mask = be.allocate({N, DH}, p.dtype);
+    if (p.dtype == DType::Float32)
+      broadcast_mask(**in.fwd.mask, N, DH, mask.ptr<float>());
+    else
+      broadcast_mask(**in.fwd.mask, N, DH, mask.ptr<double>());
+  }
+  // dX' of every step; without an input weight it is the source gradient itself.
+  Tensor dxp = be.allocate({T, N, dgh}, p.dtype);
+
+  auto off = [es](const void* base, int64_t elems) -> const void* {
+    return base ? static_cast<const char*>(base) + elems * es : nullptr;
+  };
+  auto moff = [es](std::optional<Tensor>& t, int64_t elems) -> void* {
+    return t ? static_cast<char*>(t->data()) + elems * es : nullptr;
+  };
+  DirectionBackward dirs[2];
+  for (int64_t d = 0; d < D; ++d) {
+    DirectionBackward& a = dirs[d];
+    a.z = off(in.z_state, d * p.ZG * H);
+    a.z_ld = D * p.ZG * H;
+    a.h_fwd = off(in.h_fwd, d * H);
+    a.h_fwd_ld = DH;
+    a.c_fwd = off(in.c_fwd, d * H);
+    a.c_fwd_ld = DH;
+    a.R = off(in.fwd.recurrent_weight, d * GH * H);
+    a.h0 = off(in.fwd.init_state, d * H);
+    a.h0_ld = DH;
+    a.c0 = off(in.fwd.init_cell, d * H);
+    a.c0_ld = DH;
+    a.mask = p.has_mask ? off(mask.data(), d * H) : nullptr;
+    a.mask_ld = DH;
+    a.peephole = off(in.fwd.peephole, d * 4 * H);
+    a.dy = off(in.dy, d * H);
+    a.dy_ld = DH;
+    a.dh_final = off(in.state_gradient, d * H);
+    a.dh_final_ld = DH;
+    if (in.cell_gradient->has_value()) {
+      if (final_cell) {
+        a.dc_final = off((*in.cell_gradient)->data, d * H);
+        a.dc_final_ld = DH;
+      } else {
+        a.dc_steps = off((*in.cell_gradient)->data, d * H);
+        a.dc_steps_ld = DH;
+      }
+    }
+    a.dxp = static_cast<char*>(dxp.data()) + d * GH * es;
+    a.dxp_ld = dgh;
+    a.dR = static_cast<char*>(g.recurrent_weight.data()) + d * GH * H * es;
+    a.dP = moff(g.peephole, d * 4 * H);
+    a.db2 = p.reset_after ? moff(g.secondary_bias, d * H) : nullptr;
+    a.dh0 = moff(g.init_state, d * H);
+    a.dh0_ld = DH;
+    a.dc0 = moff(g.init_cell, d * H);
+    a.dc0_ld = DH;
+    a.flip_in = d == 1 || p.reverse;
+    a.flip_out = d == 1;
+  }
+  be.backward(p, dirs);
+
+  if (p.has_input_weight) g.source = be.allocate(in.fwd.source->shape, p.dtype);
+  be.input_gradients(p, dxp.data(), in.fwd.source->data, in.fwd.input_weight,
+                     p.has_input_weight ? g.source.data() : nullptr,
+                     g.input_weight ? g.input_weight->data() : nullptr,
+                     g.bias ? g.bias->data() : nullptr);
+  if (!p.has_input_weight) g.source = std::move(dxp);
+  return g;
+}
+
 }  // namespace
 }  // namespace rnncore::detail
 
@@ -143,6 +259,67 @@ GRUResults gru(const GRUInputs& in, const GRUDescriptor& desc, Device device) {
                   nullptr, opt_data(in.secondary_bias)};
   Outputs o = run_forward(p, ci, be);
   return {std::move(o.state), std::move(o.z_state)};
+}
+
+}  // namespace rnncore
+
+namespace rnncore {
+
+RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& in, const RNNDescriptor& desc,
+                                       Device device) {
+  const Problem p = validate(in, desc);
+  Backend& be = backend_for(device);
+  static const std::optional<TensorView> none;
+  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
+                       opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,
+                       nullptr},
+                      in.source_gradient.data,
+                      in.z_state.data,
+                      nullptr,
+                      nullptr,
+                      opt_data(in.state_gradient),
+                      &none};
+  GradOutputs g = run_backward(p, ci, be, false);
+  return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
+          std::move(g.bias), std::move(g.init_state)};
+}
+
+LSTMGradients lstm_gradients(const LSTMGradientInputs& in, const LSTMDescriptor& desc,
+                             Device device) {
+  const Problem p = validate(in, desc);
+  Backend& be = backend_for(device);
+  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
+                       opt_data(in.bias), opt_data(in.init_state), opt_data(in.init_cell),
+                       &in.mask, opt_data(in.peephole), nullptr},
+                      in.source_gradient.data,
+                      in.z_state.data,
+                      nullptr,
+                      in.cell_output_fwd.data,
+                      opt_data(in.state_gradient),
+                      &in.cell_gradient};
+  GradOutputs g = run_backward(p, ci, be, false);
+  return {std::move(g.source),     std::move(g.recurrent_weight), std::move(g.input_weight),
+          std::move(g.bias),       std::move(g.peephole),         std::move(g.init_state),
+          std::move(g.init_cell)};
+}
+
+GRUGradients gru_gradients(const GRUGradientInputs& in, const GRUDescriptor& desc,
+                           Device device) {
+  const Problem p = validate(in, desc);
+  Backend& be = backend_for(device);
+  static const std::optional<TensorView> none;
+  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
+                       opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,
+                       opt_data(in.secondary_bias)},
+                      in.source_gradient.data,
+                      in.z_state.data,
+                      in.output_fwd.data,
+                      nullptr,
+                      opt_data(in.state_gradient),
+                      &none};
+  GradOutputs g = run_backward(p, ci, be, p.has_secondary_bias);
+  return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
+          std::move(g.bias), std::move(g.init_state), std::move(g.secondary_bias)};
 }
 
 }  // namespace rnncore

@@ -45,4 +45,42 @@ void activate(Activation a, const T* in, T* out, int64_t n) {
   }
 }
 
+// f[j] = f(x[j]) and df[j] = f'(x[j]), the derivative from the pre-activation (the
+// contract's table; hard_sigmoid's slope is 0.2 on the closed interval |x| <= 2.5).
+template <class T>
+void activate_grad(Activation a, const T* x, T* f, T* df, int64_t n) {
+  switch (a) {
+    case Activation::None:
+      for (int64_t j = 0; j < n; ++j) f[j] = x[j], df[j] = T(1);
+      break;
+    case Activation::Relu:
+      for (int64_t j = 0; j < n; ++j) {
+        const bool on = x[j] > T(0);
+        f[j] = on ? x[j] : T(0);
+        df[j] = on ? T(1) : T(0);
+      }
+      break;
+    case Activation::Tanh:
+      for (int64_t j = 0; j < n; ++j) {
+        const T t = std::tanh(x[j]);
+        f[j] = t;
+        df[j] = T(1) - t * t;
+      }
+      break;
+    case Activation::Sigmoid:
+      for (int64_t j = 0; j < n; ++j) {
+        const T s = sigmoid(x[j]);
+        f[j] = s;
+        df[j] = s * (T(1) - s);
+      }
+      break;
+    case Activation::HardSigmoid:
+      for (int64_t j = 0; j < n; ++j) {
+        f[j] = hard_sigmoid(x[j]);
+        df[j] = std::fabs(x[j]) <= T(2.5) ? T(0.2) : T(0);
+      }
+      break;
+  }
+}
+
 }  // namespace rnncore::cpu

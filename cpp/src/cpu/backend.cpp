@@ -39,6 +39,65 @@ void run_direction(const Problem& p, const DirectionForward& a) {
   }
 }
 
+template <class T>
+void run_direction(const Problem& p, const DirectionBackward& a) {
+  switch (p.op) {
+    case detail::OpKind::Rnn: return rnn_backward<T>(p, a);
+    case detail::OpKind::Lstm: return lstm_backward<T>(p, a);
+    case detail::OpKind::Gru: return gru_backward<T>(p, a);
+  }
+}
+
+template <class T>
+void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W,
+                          T* dsource, T* dW, T* dbias) {
+  const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
+  if (dsource && W) gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
+  if (dW) gemm<T>(true, false, cols, I, rows, T(1), dxp, cols, source, I, T(0), dW, I);
+  if (dbias) {
+    for (int64_t j = 0; j < cols; ++j) dbias[j] = T(0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) dbias[j] += dxp[r * cols + j];
+  }
+}
+
+// Runs f(dirs[d]) for every direction, the second one on its own thread when the work
+// is large enough to pay for it (about a million multiply-adds).
+template <class Dir, class F>
+void for_each_direction(const Problem& p, const Dir* dirs, F&& f) {
+  const bool threaded = p.D == 2 && p.T * p.N * p.G * p.H * p.H >= (int64_t(1) << 20);
+  if (!threaded) {
+    for (int64_t d = 0; d < p.D; ++d) f(dirs[d]);
+    return;
+  }
+  std::exception_ptr error;
+  std::thread worker([&] {
+    try {
+      f(dirs[1]);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  try {
+    f(dirs[0]);
+  } catch (...) {
+    worker.join();
+    throw;
+  }
+  worker.join();
+  if (error) std::rethrow_exception(error);
+}
+
+template <class Dir>
+void run_all(const Problem& p, const Dir* dirs) {
+  for_each_direction(p, dirs, [&p](const Dir& a) {
+    if (p.dtype == DType::Float32)
+      run_direction<float>(p, a);
+    else
+      run_direction<double>(p, a);
+  });
+}
+
 class CpuBackend final : public detail::Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -55,36 +114,21 @@ class CpuBackend final : public detail::Backend {
                    static_cast<const double*>(bias), static_cast<double*>(xp));
   }
 
-  void forward(const Problem& p, const DirectionForward* dirs) override {
-    auto run = [&p](const DirectionForward& a) {
-      if (p.dtype == DType::Float32)
-        run_direction<float>(p, a);
-      else
-        run_direction<double>(p, a);
-    };
-    // The directions are independent; below about a million multiply-adds a thread costs
-    // more than it saves.
-    const bool threaded = p.D == 2 && p.T * p.N * p.G * p.H * p.H >= (int64_t(1) << 20);
-    if (!threaded) {
-      for (int64_t d = 0; d < p.D; ++d) run(dirs[d]);
-      return;
-    }
-    std::exception_ptr error;
-    std::thread worker([&] {
-      try {
-        run(dirs[1]);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    });
-    try {
-      run(dirs[0]);
-    } catch (...) {
-      worker.join();
-      throw;
-    }
-    worker.join();
-    if (error) std::rethrow_exception(error);
+  void forward(const Problem& p, const DirectionForward* dirs) override { run_all(p, dirs); }
+
+  void backward(const Problem& p, const DirectionBackward* dirs) override { run_all(p, dirs); }
+
+  void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
+                       void* dsource, void* dW, void* dbias) override {
+    if (p.dtype == DType::Float32)
+      input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
+                           static_cast<const float*>(W), static_cast<float*>(dsource),
+                           static_cast<float*>(dW), static_cast<float*>(dbias));
+    else
+      input_gradients_impl(p, static_cast<const double*>(dxp),
+                           static_cast<const double*>(source), static_cast<const double*>(W),
+                           static_cast<double*>(dsource), static_cast<double*>(dW),
+                           static_cast<double*>(dbias));
   }
 };
 

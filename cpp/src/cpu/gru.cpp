@@ -77,3 +77,129 @@ template void gru_forward<float>(const Problem&, const DirectionForward&);
 template void gru_forward<double>(const Problem&, const DirectionForward&);
 
 }  // namespace rnncore::cpu
+
+namespace rnncore::cpu {
+
+// BPTT per the contract. Reset-before needs δu = δa_o R_o before δr, so it takes two
+// GEMMs per step; reset-after folds δq into the one product with R.
+template <class T>
+void gru_backward(const Problem& p, const DirectionBackward& a) {
+  const int64_t T_ = p.T, N = p.N, H = p.H, G3 = 3 * H;
+  Scratch<T> ws(N * H * 6 + 2 * T_ * N * H + N * G3 + 5 * H);
+  T* zeros = ws.take(N * H);
+  T* dh_next = ws.take(N * H);
+  T* direct = ws.take(N * H);  // δh ⊙ z (or 1 - z): the path around the gates
+  T* rbuf = ws.take(N * H);    // r, kept for the second pass of reset-before
+  T* drbuf = ws.take(N * H);   // σ_r'(a_r)
+  T* du = ws.take(N * H);
+  T* hm_all = ws.take(T_ * N * H);  // h̃ at input time, for dR
+  T* side = ws.take(T_ * N * H);    // u = r ⊙ h̃ (reset-before) or δq (reset-after)
+  T* dg = ws.take(N * G3);          // reset-after: [δa_z, δa_r, δq] in block order
+  T* zg = ws.take(H);
+  T* dzg = ws.take(H);
+  T* og = ws.take(H);
+  T* dog = ws.take(H);
+  T* ao = ws.take(H);
+  const T* R = static_cast<const T*>(a.R);
+  const int64_t zo = p.gru_z * H, ro = p.gru_r * H, oo = 2 * H;
+  const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r],
+                   act_o = p.gate_act[2];
+  for (int64_t s = T_ - 1; s >= 0; --s) {
+    const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
+    const T* z = static_cast<const T*>(a.z) + tout * N * a.z_ld;
+    const T* dy = static_cast<const T*>(a.dy) + tout * N * a.dy_ld;
+    const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
+    const Rows<const T> hp = previous_fwd<T>(a.h0, a.h0_ld, a.h_fwd, a.h_fwd_ld, s, T_, N,
+                                             a.flip_out, zeros, H);
+    T* hm = hm_all + tin * N * H;
+    store_masked(a, hp, N, H, hm);
+    T* sd = side + tin * N * H;
+    T* dx = static_cast<T*>(a.dxp) + tin * N * a.dxp_ld;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* zr = z + n * a.z_ld;
+      const T* hpr = hp.row(n);
+      T* r = rbuf + n * H;
+      T* dr = drbuf + n * H;
+      activate_grad(act_z, zr + zo, zg, dzg, H);
+      activate_grad(act_r, zr + ro, r, dr, H);
+      if (p.reset_after)  // a_o = x'_o + r ⊙ q, from the 4th and 3rd blocks of z_state
+        for (int64_t j = 0; j < H; ++j) ao[j] = zr[3 * H + j] + r[j] * zr[oo + j];
+      else
+        std::memcpy(ao, zr + oo, static_cast<size_t>(H) * sizeof(T));
+      activate_grad(act_o, ao, og, dog, H);
+      T* dxr = dx + n * a.dxp_ld;
+      T* dir = direct + n * H;
+      for (int64_t j = 0; j < H; ++j) {
+        T dh = dy[n * a.dy_ld + j] + dh_next[n * H + j];
+        if (dfin) dh += dfin[n * a.dh_final_ld + j];
+        T dz, d_o;
+        if (p.flip_z) {
+          dz = dh * (og[j] - hpr[j]);
+          d_o = dh * zg[j];
+          dir[j] = dh * (T(1) - zg[j]);
+        } else {
+          dz = dh * (hpr[j] - og[j]);
+          d_o = dh * (T(1) - zg[j]);
+          dir[j] = dh * zg[j];
+        }
+        dxr[zo + j] = dz * dzg[j];
+        dxr[oo + j] = d_o * dog[j];
+      }
+      if (p.reset_after) {
+        const T* q = zr + oo;
+        T* dgr = dg + n * G3;
+        T* dq = sd + n * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const T dao = dxr[oo + j];
+          dxr[ro + j] = dao * q[j] * dr[j];
+          dq[j] = dao * r[j];
+          dgr[zo + j] = dxr[zo + j];
+          dgr[ro + j] = dxr[ro + j];
+          dgr[oo + j] = dq[j];
+        }
+      }
+    }
+    if (p.reset_after) {
+      gemm<T>(false, false, N, H, G3, T(1), dg, G3, R, H, T(0), dh_next, H);
+    } else {
+      gemm<T>(false, false, N, H, H, T(1), dx + oo, a.dxp_ld, R + 2 * H * H, H, T(0), du, H);
+      for (int64_t n = 0; n < N; ++n) {
+        const T* r = rbuf + n * H;
+        const T* dr = drbuf + n * H;
+        const T* hmr = hm + n * H;
+        const T* dur = du + n * H;
+        T* dxr = dx + n * a.dxp_ld;
+        T* u = sd + n * H;
+        for (int64_t j = 0; j < H; ++j) {
+          dxr[ro + j] = dur[j] * hmr[j] * dr[j];
+          u[j] = r[j] * hmr[j];
+          dh_next[n * H + j] = dur[j] * r[j];
+        }
+      }
+      gemm<T>(false, false, N, H, 2 * H, T(1), dx, a.dxp_ld, R, H, T(1), dh_next, H);
+    }
+    apply_mask(a, dh_next, N, H);
+    for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];
+  }
+  copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
+  const T* dxp = static_cast<const T*>(a.dxp);
+  T* dR = static_cast<T*>(a.dR);
+  gemm<T>(true, false, 2 * H, H, T_ * N, T(1), dxp, a.dxp_ld, hm_all, H, T(0), dR, H);
+  if (p.reset_after) {
+    gemm<T>(true, false, H, H, T_ * N, T(1), side, H, hm_all, H, T(0), dR + 2 * H * H, H);
+    if (a.db2) {
+      T* db2 = static_cast<T*>(a.db2);
+      for (int64_t j = 0; j < H; ++j) db2[j] = T(0);
+      for (int64_t k = 0; k < T_ * N; ++k)
+        for (int64_t j = 0; j < H; ++j) db2[j] += side[k * H + j];
+    }
+  } else {
+    gemm<T>(true, false, H, H, T_ * N, T(1), dxp + oo, a.dxp_ld, side, H, T(0), dR + 2 * H * H,
+            H);
+  }
+}
+
+template void gru_backward<float>(const Problem&, const DirectionBackward&);
+template void gru_backward<double>(const Problem&, const DirectionBackward&);
+
+}  // namespace rnncore::cpu

@@ -10,6 +10,7 @@
 
 namespace rnncore::cpu {
 
+using detail::DirectionBackward;
 using detail::DirectionForward;
 using detail::Problem;
 
@@ -69,11 +70,61 @@ void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_
   gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
 }
 
+// The state entering step s of a backward pass, from forward outputs (at output time).
+template <class T>
+Rows<const T> previous_fwd(const void* h0, int64_t h0_ld, const void* fwd, int64_t fwd_ld,
+                           int64_t s, int64_t T_, int64_t N, bool flip_out, const T* zeros,
+                           int64_t H) {
+  if (s == 0)
+    return h0 ? Rows<const T>{static_cast<const T*>(h0), h0_ld} : Rows<const T>{zeros, H};
+  const int64_t t = step_time(s - 1, T_, flip_out);
+  return {static_cast<const T*>(fwd) + t * N * fwd_ld, fwd_ld};
+}
+
+// out[n, :] = h[n, :] (⊙ mask[n, :]), dense [N, H].
+template <class T>
+void store_masked(const DirectionBackward& a, Rows<const T> h, int64_t N, int64_t H, T* out) {
+  const T* m = static_cast<const T*>(a.mask);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* hr = h.row(n);
+    T* o = out + n * H;
+    if (m) {
+      const T* mr = m + n * a.mask_ld;
+      for (int64_t j = 0; j < H; ++j) o[j] = hr[j] * mr[j];
+    } else {
+      std::memcpy(o, hr, static_cast<size_t>(H) * sizeof(T));
+    }
+  }
+}
+
+// x[n, :] *= mask[n, :] when there is a mask.
+template <class T>
+void apply_mask(const DirectionBackward& a, T* x, int64_t N, int64_t H) {
+  if (!a.mask) return;
+  const T* m = static_cast<const T*>(a.mask);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < H; ++j) x[n * H + j] *= m[n * a.mask_ld + j];
+}
+
+// dst rows (ld) = src [N, H] dense; a no-op for a null destination.
+template <class T>
+void copy_rows(const T* src, int64_t N, int64_t H, void* dst, int64_t ld) {
+  if (!dst) return;
+  for (int64_t n = 0; n < N; ++n)
+    std::memcpy(static_cast<T*>(dst) + n * ld, src + n * H, static_cast<size_t>(H) * sizeof(T));
+}
+
 template <class T>
 void rnn_forward(const Problem& p, const DirectionForward& a);
 template <class T>
 void lstm_forward(const Problem& p, const DirectionForward& a);
 template <class T>
 void gru_forward(const Problem& p, const DirectionForward& a);
+template <class T>
+void rnn_backward(const Problem& p, const DirectionBackward& a);
+template <class T>
+void lstm_backward(const Problem& p, const DirectionBackward& a);
+template <class T>
+void gru_backward(const Problem& p, const DirectionBackward& a);
 
 }  // namespace rnncore::cpu
