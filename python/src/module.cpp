@@ -127,6 +127,15 @@ const std::vector<Field<GRUDescriptor>>& fields() {
   return f;
 }
 
+bool is_numpy_bool(nb::handle v) {
+  nb::handle tp = v.type();
+  if (!nb::hasattr(tp, "__module__")) return false;
+  const std::string mod = nb::cast<std::string>(nb::str(tp.attr("__module__")));
+  const std::string name = nb::cast<std::string>(nb::type_name(tp));
+  return mod == "numpy" && (name == "bool" || name == "bool_" || name == "numpy.bool" ||
+                            name == "numpy.bool_");
+}
+
 template <class D>
 void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
   const std::string where = std::string(cls) + "." + f.name;
@@ -136,7 +145,7 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
       d.*f.flag = v.ptr() == Py_True;
       return;
     }
-    if (nb::type_name(v.type()).equal(nb::str("numpy.bool"))) {
+    if (is_numpy_bool(v)) {
       d.*f.flag = nb::cast<bool>(v.attr("__bool__")());
       return;
     }
@@ -232,12 +241,16 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
                                   "(self, arg: Activation | int, /) -> None")
                                      .c_str())));
   }
-  c.def("__eq__", [](const D& a, nb::handle b) {
-    return nb::isinstance<D>(b) && a == nb::cast<const D&>(b);
-  });
-  c.def("__ne__", [](const D& a, nb::handle b) {
-    return !(nb::isinstance<D>(b) && a == nb::cast<const D&>(b));
-  });
+  c.def(
+      "__eq__",
+      [](const D& a, nb::object b) { return nb::isinstance<D>(b) && a == nb::cast<const D&>(b); },
+      "other"_a.none());
+  c.def(
+      "__ne__",
+      [](const D& a, nb::object b) {
+        return !(nb::isinstance<D>(b) && a == nb::cast<const D&>(b));
+      },
+      "other"_a.none());
   c.attr("__hash__") = nb::none();  // mutable
   c.def("__repr__", [cls](const D& d) {
     std::string s = std::string(cls) + "(";

@@ -1,0 +1,37 @@
+#include "cpu/vmath.hpp"
+
+// One binary for every x86-64: GCC clones the loops for AVX2+FMA and AVX-512 and picks
+// one when the library loads. Elsewhere the baseline ISA (NEON on arm64) is used.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define RNNCORE_CLONES __attribute__((target_clones("default", "arch=haswell", "arch=skylake-avx512")))
+#else
+#define RNNCORE_CLONES
+#endif
+
+namespace rnncore::cpu::vmath {
+
+RNNCORE_CLONES void sigmoid(const float* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = sigmoid(x[j]);
+}
+
+RNNCORE_CLONES void tanh(const float* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = tanh(x[j]);
+}
+
+RNNCORE_CLONES void sigmoid_grad(const float* x, float* y, float* dy, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float s = sigmoid(x[j]);
+    y[j] = s;
+    dy[j] = s * (1.0f - s);
+  }
+}
+
+RNNCORE_CLONES void tanh_grad(const float* x, float* y, float* dy, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float t = tanh(x[j]);
+    y[j] = t;
+    dy[j] = 1.0f - t * t;
+  }
+}
+
+}  // namespace rnncore::cpu::vmath
