@@ -6,8 +6,9 @@ kind, and the output checks every forward comparison needs.
 
 import numpy as np
 import pytest
-import rnncore
 from util import FORWARD_TOL, assert_rel_close
+
+import rnncore
 
 KINDS = ("rnn", "lstm", "gru")
 GATES = {"rnn": 1, "lstm": 4, "gru": 3}

@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from util import devices_under_test
 
 

@@ -7,7 +7,6 @@ copies; outputs are writable numpy arrays; inputs are never written to.
 
 import numpy as np
 import pytest
-import rnncore
 from cases import (
     DTYPES,
     KINDS,
@@ -18,6 +17,8 @@ from cases import (
     run,
     skip_unsupported,
 )
+
+import rnncore
 
 T, N, I, H = 4, 3, 5, 6  # noqa: E741
 

@@ -7,9 +7,10 @@ onnxruntime's add up to a few 1e-7 relative on these sizes).
 
 import numpy as np
 import pytest
-import rnncore
 from cases import forward_tol, make_descriptor, skip_unsupported
 from util import assert_rel_close
+
+import rnncore
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

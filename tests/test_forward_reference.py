@@ -8,7 +8,6 @@ import itertools
 
 import numpy as np
 import pytest
-import rnncore
 from cases import (
     ACTIVATION_FIELDS,
     ACTIVATIONS,
@@ -26,6 +25,8 @@ from cases import (
     run,
     skip_unsupported,
 )
+
+import rnncore
 from rnncore import reference
 
 T_, N_, I_, H_ = 4, 3, 5, 6

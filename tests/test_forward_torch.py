@@ -6,9 +6,10 @@ first, so the float32 run of rnncore sees exactly the same numbers as the float6
 
 import numpy as np
 import pytest
-import rnncore
 from cases import DTYPES, forward_tol, make_descriptor, skip_unsupported
 from util import assert_rel_close
+
+import rnncore
 
 torch = pytest.importorskip("torch")
 
