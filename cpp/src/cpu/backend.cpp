@@ -1,9 +1,11 @@
 // The CPU backend: BLAS for the products, hand-written fused passes for the gates, and
 // the two directions of a bidirectional layer on two threads.
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
 
+#include "cpu/fused.hpp"
 #include "cpu/recurrence.hpp"
 
 namespace rnncore::cpu {
@@ -17,7 +19,8 @@ void project_impl(const Problem& p, const T* source, int64_t K, const T* W, cons
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(xp + r * cols, bias, static_cast<size_t>(cols) * sizeof(T));
   if (W) {
-    gemm<T>(false, true, rows, cols, K, T(1), source, K, W, K, bias ? T(1) : T(0), xp, cols);
+    parallel_gemm<T>(false, true, rows, cols, K, T(1), source, K, W, K, bias ? T(1) : T(0), xp,
+                     cols);
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       T* o = xp + r * cols;
@@ -52,8 +55,9 @@ template <class T>
 void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W,
                           T* dsource, T* dW, T* dbias) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
-  if (dsource && W) gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
-  if (dW) gemm<T>(true, false, cols, I, rows, T(1), dxp, cols, source, I, T(0), dW, I);
+  if (dsource && W)
+    parallel_gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
+  if (dW) parallel_gemm<T>(true, false, cols, I, rows, T(1), dxp, cols, source, I, T(0), dW, I);
   if (dbias) {
     for (int64_t j = 0; j < cols; ++j) dbias[j] = T(0);
     for (int64_t r = 0; r < rows; ++r)
@@ -98,8 +102,18 @@ void run_all(const Problem& p, const Dir* dirs) {
   });
 }
 
+// RNNCORE_CPU_PATH=blas keeps float32 on the BLAS-per-step path (tests compare the two).
+bool blas_path_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("RNNCORE_CPU_PATH");
+    return v && std::strcmp(v, "blas") == 0;
+  }();
+  return forced;
+}
+
 class CpuBackend final : public detail::Backend {
  public:
+  CpuBackend() { claim_blas_threads(); }
   const char* name() const override { return "cpu"; }
 
   Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
@@ -114,7 +128,12 @@ class CpuBackend final : public detail::Backend {
                    static_cast<const double*>(bias), static_cast<double*>(xp));
   }
 
-  void forward(const Problem& p, const DirectionForward* dirs) override { run_all(p, dirs); }
+  void forward(const Problem& p, const DirectionForward* dirs) override {
+    if (p.dtype == DType::Float32 && !blas_path_forced())
+      fused_forward(p, dirs);
+    else
+      run_all(p, dirs);
+  }
 
   void backward(const Problem& p, const DirectionBackward* dirs) override { run_all(p, dirs); }
 

@@ -2,9 +2,11 @@
 // scipy_), a system OpenBLAS / CBLAS, or Accelerate on Apple.
 #include "cpu/blas.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
+#include "cpu/thread_pool.hpp"
 #include "rnncore/error.hpp"
 
 #if defined(RNNCORE_BLAS_ACCELERATE)
@@ -63,6 +65,31 @@ void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
   RNNCORE_CBLAS(dgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                        tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N), blas_int(K),
                        alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+}
+
+template <class T>
+void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                   int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  ThreadPool& pool = ThreadPool::instance();
+  // About 2^20 multiply-adds per thread before a split pays off.
+  const int64_t parts = std::min<int64_t>(pool.max_threads(), std::max<int64_t>(1, M * N * K >> 20));
+  const int team = static_cast<int>(std::min<int64_t>(parts, std::max<int64_t>(1, M / 8)));
+  pool.run(team, [&](int tid, int used) {
+    const int64_t r0 = M * tid / used, r1 = M * (tid + 1) / used;
+    const T* a = ta ? A + r0 : A + r0 * lda;
+    gemm<T>(ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, C + r0 * ldc, ldc);
+  });
+}
+
+template void parallel_gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                                   int64_t, const float*, int64_t, float, float*, int64_t);
+template void parallel_gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                    int64_t, const double*, int64_t, double, double*, int64_t);
+
+void claim_blas_threads() {
+#if defined(RNNCORE_BLAS_SCIPY_OPENBLAS)
+  scipy_openblas_set_num_threads(1);
+#endif
 }
 
 std::string blas_info() {

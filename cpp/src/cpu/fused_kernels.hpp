@@ -1,0 +1,434 @@
+// The fused float32 forward recurrences, written once for a vector width W and compiled
+// once per instruction set (fused_avx512.cpp, fused_avx2.cpp, fused_generic.cpp).
+//
+// Per step and direction the work is acc[N, G*H] = h̃[N, H] R^T plus the gate math. R is
+// packed once per call into panels of W hidden units: panel b holds, for every k, the G
+// gate rows of units b*W .. b*W+W-1 side by side ([k][g][w]), so one k-step of the tile
+// loads G vectors of R and broadcasts M values of h̃ into M*G accumulators. A thread owns
+// a range of panels (it packs them itself, so they stay in its cache across steps) and
+// finishes the gate math of its units in the tile's epilogue, while the pre-activations
+// are still in L1. The team meets at one barrier per step (two for a reset-before GRU,
+// whose candidate product needs r of every unit).
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/activations.hpp"
+#include "cpu/fused.hpp"
+#include "cpu/thread_pool.hpp"
+#include "cpu/vmath.hpp"
+
+namespace rnncore::cpu {
+// Internal linkage: each instruction-set translation unit has its own copy, so the linker
+// can never hand code built for one ISA to another.
+namespace {
+
+template <int W>
+struct Fused {
+  typedef float vec __attribute__((vector_size(W * 4), aligned(4), may_alias));
+  static constexpr int kRegs = W >= 16 ? 32 : 16;
+  // Rows per tile: as many accumulators as the register file holds beside G loads.
+  template <int G>
+  static constexpr int rows() {
+    return std::min(8, std::max(1, (kRegs - G) / G));
+  }
+
+  using Problem = detail::Problem;
+  using Dir = detail::DirectionForward;
+
+  // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M.
+  template <int G, int M>
+  static void tile(const float* A, int64_t lda, int64_t K, const float* Bp, float* out) {
+    const vec zero = {};
+    vec acc[M][G];
+    for (int r = 0; r < M; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = zero;
+    for (int64_t k = 0; k < K; ++k) {
+      vec b[G];
+      for (int g = 0; g < G; ++g) b[g] = *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
+      for (int r = 0; r < M; ++r) {
+        const float a = A[r * lda + k];
+        for (int g = 0; g < G; ++g) acc[r][g] += a * b[g];
+      }
+    }
+    for (int r = 0; r < M; ++r)
+      for (int g = 0; g < G; ++g) *reinterpret_cast<vec*>(out + (r * G + g) * W) = acc[r][g];
+  }
+
+  template <int G, int M = rows<G>()>
+  static void tile_rows(int m, const float* A, int64_t lda, int64_t K, const float* Bp,
+                        float* out) {
+    if constexpr (M > 1) {
+      if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out);
+    }
+    tile<G, M>(A, lda, K, Bp, out);
+  }
+
+  // v[0:W] = f(v[0:W]) in place.
+  static void act(Activation a, float* v) {
+    switch (a) {
+      case Activation::None: break;
+      case Activation::Relu:
+        for (int w = 0; w < W; ++w) v[w] = v[w] > 0.0f ? v[w] : 0.0f;
+        break;
+      case Activation::Tanh:
+        for (int w = 0; w < W; ++w) v[w] = vmath::tanh(v[w]);
+        break;
+      case Activation::Sigmoid:
+        for (int w = 0; w < W; ++w) v[w] = vmath::sigmoid(v[w]);
+        break;
+      case Activation::HardSigmoid:
+        for (int w = 0; w < W; ++w) {
+          const float h = 0.2f * v[w] + 0.5f;
+          v[w] = h < 0.0f ? 0.0f : (h > 1.0f ? 1.0f : h);
+        }
+        break;
+    }
+  }
+
+  // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
+  template <int G>
+  static void pack(const float* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
+                   float* Bp) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* panel = Bp + b * H * G * W;
+      for (int g = 0; g < G; ++g)
+        for (int w = 0; w < W; ++w) {
+          const int64_t u = b * W + w;
+          const float* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
+          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : 0.0f;
+        }
+    }
+  }
+
+  struct Split {
+    int64_t b0, b1;
+  };
+  static Split split(int64_t nb, int tid, int team) {
+    return {nb * tid / team, nb * (tid + 1) / team};
+  }
+
+  static void sync(SpinBarrier* barrier, int team) {
+    if (team > 1) barrier->wait();
+  }
+
+  // Workspace (floats): packed panels, two masked-state buffers, zeros, and per-op extras.
+  static int64_t workspace(const Problem& p) {
+    const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
+    return nb * p.H * p.G * W + 5 * NH + 64;
+  }
+
+  // Shared per-direction state of a call.
+  struct Buffers {
+    float* panels;
+    float* hm[2];  // h̃ of the step about to run (masked state), double-buffered
+    float* zeros;
+    float* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
+  };
+  static Buffers buffers(const Problem& p, float* ws) {
+    const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
+    Buffers b;
+    b.panels = ws;
+    float* q = ws + nb * p.H * p.G * W;
+    b.hm[0] = q;
+    b.hm[1] = q + NH;
+    b.zeros = q + 2 * NH;
+    b.extra[0] = q + 3 * NH;
+    b.extra[1] = q + 4 * NH;
+    return b;
+  }
+
+  struct Rows {
+    const float* data;
+    int64_t ld;
+  };
+
+  // Sets up the units [u0, u1) of this thread for step 0: zeros, and h̃[0] when masked.
+  static void init_units(const Problem& p, const Dir& a, const Buffers& bf, int64_t u0,
+                         int64_t u1) {
+    const float* h0 = static_cast<const float*>(a.h0);
+    const float* m = static_cast<const float*>(a.mask);
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t u = u0; u < u1; ++u) {
+        bf.zeros[n * p.H + u] = 0.0f;
+        if (m) bf.hm[0][n * p.H + u] = (h0 ? h0[n * a.h0_ld + u] : 0.0f) * m[n * a.mask_ld + u];
+      }
+  }
+
+  // The state entering step s (unmasked), and the product's left operand h̃.
+  static Rows prev_state(const Problem& p, const Dir& a, const Buffers& bf, int64_t s) {
+    if (s == 0)
+      return a.h0 ? Rows{static_cast<const float*>(a.h0), a.h0_ld} : Rows{bf.zeros, p.H};
+    const int64_t t = a.flip_out ? p.T - s : s - 1;
+    return {static_cast<const float*>(a.y) + t * p.N * a.y_ld, a.y_ld};
+  }
+  static Rows operand(const Dir& a, const Buffers& bf, Rows hprev, int64_t s, int64_t H) {
+    return a.mask ? Rows{bf.hm[s & 1], H} : hprev;
+  }
+
+  // Stores h for units [u0, u0 + wv) of row n, and h ⊙ m for the next step.
+  static void store_h(const Dir& a, const Buffers& bf, float* y, int64_t n, int64_t u0,
+                      int64_t wv, const float* h, int64_t s, int64_t H) {
+    std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * 4);
+    if (a.mask) {
+      const float* m = static_cast<const float*>(a.mask) + n * a.mask_ld + u0;
+      float* out = bf.hm[(s + 1) & 1] + n * H + u0;
+      for (int64_t w = 0; w < wv; ++w) out[w] = h[w] * m[w];
+    }
+  }
+
+  static int64_t time_in(const Dir& a, int64_t s, int64_t T) { return a.flip_in ? T - 1 - s : s; }
+  static int64_t time_out(const Dir& a, int64_t s, int64_t T) {
+    return a.flip_out ? T - 1 - s : s;
+  }
+
+  // ---- single-gate RNN ----------------------------------------------------------------
+  static void rnn(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+                  int team) {
+    constexpr int G = 1, M = rows<1>();
+    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const Buffers bf = buffers(p, ws);
+    const Split sp = split(nb, tid, team);
+    static constexpr int gates[1] = {0};
+    pack<1>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
+    sync(barrier, team);
+    alignas(64) float t[M * G * W];
+    for (int64_t s = 0; s < T; ++s) {
+      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      float* y = static_cast<float*>(a.y) + time_out(a, s, T) * N * a.y_ld;
+      float* z = a.z ? static_cast<float*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
+      for (int64_t b = sp.b0; b < sp.b1; ++b) {
+        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+        for (int64_t n0 = 0; n0 < N; n0 += M) {
+          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
+          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
+          for (int r = 0; r < m; ++r) {
+            const int64_t n = n0 + r;
+            float* v = t + r * G * W;
+            const float* xr = x + n * a.xp_ld + u0;
+            for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+            if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * 4);
+            act(p.gate_act[0], v);
+            store_h(a, bf, y, n, u0, wv, v, s, H);
+          }
+        }
+      }
+      sync(barrier, team);
+    }
+  }
+
+  // ---- LSTM -------------------------------------------------------------------------
+  static void lstm(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+                   int team) {
+    constexpr int G = 4, M = rows<4>();
+    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const Buffers bf = buffers(p, ws);
+    const Split sp = split(nb, tid, team);
+    static constexpr int gates[4] = {0, 1, 2, 3};
+    pack<4>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
+    sync(barrier, team);
+    const float* P = static_cast<const float*>(a.peephole);
+    const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
+    alignas(64) float t[M * G * W];
+    alignas(64) float phi[W];
+    Rows cprev = a.c0 ? Rows{static_cast<const float*>(a.c0), a.c0_ld} : Rows{bf.zeros, H};
+    for (int64_t s = 0; s < T; ++s) {
+      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+      const int64_t tout = time_out(a, s, T);
+      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
+      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
+      const Rows c = a.c ? Rows{static_cast<float*>(a.c) + tout * N * a.c_ld, a.c_ld}
+                         : Rows{bf.extra[s & 1], H};
+      for (int64_t b = sp.b0; b < sp.b1; ++b) {
+        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+        for (int64_t n0 = 0; n0 < N; n0 += M) {
+          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
+          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
+          for (int r = 0; r < m; ++r) {
+            const int64_t n = n0 + r;
+            float* v = t + r * G * W;
+            const float* xr = x + n * a.xp_ld + u0;
+            const float* cp = cprev.data + n * cprev.ld + u0;
+            for (int g = 0; g < G; ++g)
+              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+            if (P)
+              for (int g = 0; g < G; ++g)
+                for (int64_t w = 0; w < wv; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
+            if (z)
+              for (int g = 0; g < G; ++g)
+                std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+            for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
+            float* cr = const_cast<float*>(c.data) + n * c.ld + u0;
+            for (int w = 0; w < W; ++w) phi[w] = 0.0f;
+            for (int64_t w = 0; w < wv; ++w) {
+              cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
+              phi[w] = cr[w];
+            }
+            act(p.cell_act, phi);
+            for (int64_t w = 0; w < wv; ++w) phi[w] *= v[oo * W + w];
+            store_h(a, bf, y, n, u0, wv, phi, s, H);
+          }
+        }
+      }
+      cprev = {c.data, c.ld};
+      sync(barrier, team);
+    }
+  }
+
+  // ---- GRU ----------------------------------------------------------------------------
+  static void gru(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+                  int team) {
+    if (p.reset_after)
+      gru_after(p, a, ws, barrier, tid, team);
+    else
+      gru_before(p, a, ws, barrier, tid, team);
+  }
+
+  static void blend(const Problem& p, const float* zg, const float* hp, float* o, int64_t wv) {
+    if (p.flip_z)
+      for (int64_t w = 0; w < wv; ++w) o[w] = (1.0f - zg[w]) * hp[w] + zg[w] * o[w];
+    else
+      for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (1.0f - zg[w]) * o[w];
+  }
+
+  static void gru_after(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
+                        int tid, int team) {
+    constexpr int G = 3, M = rows<3>();
+    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const Buffers bf = buffers(p, ws);
+    const Split sp = split(nb, tid, team);
+    static constexpr int gates[3] = {0, 1, 2};
+    pack<3>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
+    sync(barrier, team);
+    const float* b2 = static_cast<const float*>(a.b2);
+    const int64_t zo = p.gru_z, ro = p.gru_r;
+    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
+    alignas(64) float t[M * G * W];
+    for (int64_t s = 0; s < T; ++s) {
+      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+      const int64_t tout = time_out(a, s, T);
+      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
+      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
+      for (int64_t b = sp.b0; b < sp.b1; ++b) {
+        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+        for (int64_t n0 = 0; n0 < N; n0 += M) {
+          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
+          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
+          for (int r = 0; r < m; ++r) {
+            const int64_t n = n0 + r;
+            float* v = t + r * G * W;
+            const float* xr = x + n * a.xp_ld + u0;
+            for (int g = 0; g < 2; ++g)
+              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+            float* q = v + 2 * W;
+            if (b2)
+              for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
+            if (z) {
+              float* zr = z + n * a.z_ld + u0;
+              for (int g = 0; g < 3; ++g)
+                std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * 4);
+              std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * 4);
+            }
+            act(act_z, v + zo * W);
+            act(act_r, v + ro * W);
+            const float* rg = v + ro * W;
+            for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
+            act(act_o, q);
+            blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
+            store_h(a, bf, y, n, u0, wv, q, s, H);
+          }
+        }
+      }
+      sync(barrier, team);
+    }
+  }
+
+  static void gru_before(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
+                         int tid, int team) {
+    constexpr int M2 = rows<2>(), M1 = rows<1>();
+    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const Buffers bf = buffers(p, ws);
+    const Split sp = split(nb, tid, team);
+    // Panels of the z and r rows first, then those of the candidate rows.
+    float* pzr = bf.panels;
+    float* po = bf.panels + nb * H * 2 * W;
+    static constexpr int zr_gates[2] = {0, 1};
+    static constexpr int o_gates[1] = {2};
+    pack<2>(static_cast<const float*>(a.R), H, zr_gates, sp.b0, sp.b1, pzr);
+    pack<1>(static_cast<const float*>(a.R), H, o_gates, sp.b0, sp.b1, po);
+    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
+    sync(barrier, team);
+    float* zbuf = bf.extra[0];  // z of this step, [N, H]
+    float* ubuf = bf.extra[1];  // r ⊙ h̃, the candidate product's left operand
+    const int64_t zo = p.gru_z, ro = p.gru_r;
+    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
+    alignas(64) float t[8 * 2 * W];
+    for (int64_t s = 0; s < T; ++s) {
+      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+      const int64_t tout = time_out(a, s, T);
+      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
+      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
+      for (int64_t b = sp.b0; b < sp.b1; ++b) {
+        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+        for (int64_t n0 = 0; n0 < N; n0 += M2) {
+          const int m = static_cast<int>(std::min<int64_t>(M2, N - n0));
+          tile_rows<2>(m, A.data + n0 * A.ld, A.ld, H, pzr + b * H * 2 * W, t);
+          for (int r = 0; r < m; ++r) {
+            const int64_t n = n0 + r;
+            float* v = t + r * 2 * W;
+            const float* xr = x + n * a.xp_ld + u0;
+            for (int g = 0; g < 2; ++g)
+              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+            if (z)
+              for (int g = 0; g < 2; ++g)
+                std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+            act(act_z, v + zo * W);
+            act(act_r, v + ro * W);
+            std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * 4);
+            const float* hm = A.data + n * A.ld + u0;
+            for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
+          }
+        }
+      }
+      sync(barrier, team);
+      for (int64_t b = sp.b0; b < sp.b1; ++b) {
+        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+        for (int64_t n0 = 0; n0 < N; n0 += M1) {
+          const int m = static_cast<int>(std::min<int64_t>(M1, N - n0));
+          tile_rows<1>(m, ubuf + n0 * H, H, H, po + b * H * W, t);
+          for (int r = 0; r < m; ++r) {
+            const int64_t n = n0 + r;
+            float* v = t + r * W;
+            const float* xr = x + n * a.xp_ld + 2 * H + u0;
+            for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+            if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * 4);
+            act(act_o, v);
+            blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
+            store_h(a, bf, y, n, u0, wv, v, s, H);
+          }
+        }
+      }
+      sync(barrier, team);
+    }
+  }
+
+  static void forward(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+                      int team) {
+    switch (p.op) {
+      case detail::OpKind::Rnn: return rnn(p, a, ws, barrier, tid, team);
+      case detail::OpKind::Lstm: return lstm(p, a, ws, barrier, tid, team);
+      case detail::OpKind::Gru: return gru(p, a, ws, barrier, tid, team);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace rnncore::cpu
