@@ -4,9 +4,11 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <vector>
 
 #include "cpu/fused.hpp"
 #include "cpu/recurrence.hpp"
+#include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
 namespace {
@@ -43,11 +45,86 @@ void run_direction(const Problem& p, const DirectionForward& a) {
 }
 
 template <class T>
-void run_direction(const Problem& p, const DirectionBackward& a) {
+void run_slice(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   switch (p.op) {
-    case detail::OpKind::Rnn: return rnn_backward<T>(p, a);
-    case detail::OpKind::Lstm: return lstm_backward<T>(p, a);
-    case detail::OpKind::Gru: return gru_backward<T>(p, a);
+    case detail::OpKind::Rnn: return rnn_backward<T>(p, a, sl);
+    case detail::OpKind::Lstm: return lstm_backward<T>(p, a, sl);
+    case detail::OpKind::Gru: return gru_backward<T>(p, a, sl);
+  }
+}
+
+template <class T>
+void reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T* side) {
+  switch (p.op) {
+    case detail::OpKind::Rnn: return rnn_backward_reduce<T>(p, a, hm_all, side);
+    case detail::OpKind::Lstm: return lstm_backward_reduce<T>(p, a, hm_all, side);
+    case detail::OpKind::Gru: return gru_backward_reduce<T>(p, a, hm_all, side);
+  }
+}
+
+// The direction's arguments moved to batch row n0 (every per-row array).
+DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
+  DirectionBackward v = a;
+  auto at = [&](const void* ptr, int64_t ld) -> const void* {
+    return ptr ? static_cast<const char*>(ptr) + n0 * ld * es : nullptr;
+  };
+  auto at_mut = [&](void* ptr, int64_t ld) -> void* {
+    return ptr ? static_cast<char*>(ptr) + n0 * ld * es : nullptr;
+  };
+  v.z = at(a.z, a.z_ld);
+  v.h_fwd = at(a.h_fwd, a.h_fwd_ld);
+  v.c_fwd = at(a.c_fwd, a.c_fwd_ld);
+  v.h0 = at(a.h0, a.h0_ld);
+  v.c0 = at(a.c0, a.c0_ld);
+  v.mask = at(a.mask, a.mask_ld);
+  v.dy = at(a.dy, a.dy_ld);
+  v.dh_final = at(a.dh_final, a.dh_final_ld);
+  v.dc_final = at(a.dc_final, a.dc_final_ld);
+  v.dc_steps = at(a.dc_steps, a.dc_steps_ld);
+  v.dxp = at_mut(a.dxp, a.dxp_ld);
+  v.dh0 = at_mut(a.dh0, a.dh0_ld);
+  v.dc0 = at_mut(a.dc0, a.dc0_ld);
+  return v;
+}
+
+// BPTT with the batch rows of each direction split over the pool (no synchronisation
+// inside the time loop), then the weight-gradient reductions over all rows.
+template <class T>
+void backward_impl(const Problem& p, const DirectionBackward* dirs) {
+  ThreadPool& pool = ThreadPool::instance();
+  const int64_t N = p.N, H = p.H, TNH = p.T * p.N * p.H;
+  // At least 4 rows a slice: fewer leave too little work per step for a core.
+  const int per_dir = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(std::max(1, pool.max_threads() / static_cast<int>(p.D)), N / 4)));
+  const int slices = per_dir * static_cast<int>(p.D);
+  std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
+  std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
+  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0,
+                    T(0));
+  auto run = [&](int k) {
+    const int d = k / per_dir, part = k % per_dir;
+    const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
+    BackwardSlice<T> sl{n1 - n0, hm_all.data() + d * TNH + n0 * H,
+                        side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
+                        dP.empty() ? nullptr : dP.data() + k * 4 * H};
+    run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
+  };
+  pool.run(slices, [&](int tid, int team) {
+    if (team < slices)  // the pool was busy: every slice on this thread
+      for (int k = 0; k < slices; ++k) run(k);
+    else
+      run(tid);
+  });
+  for (int64_t d = 0; d < p.D; ++d) {
+    reduce<T>(p, dirs[d], hm_all.data() + d * TNH, side.empty() ? nullptr : side.data() + d * TNH);
+    if (dirs[d].dP) {
+      T* out = static_cast<T*>(dirs[d].dP);
+      for (int64_t j = 0; j < 4 * H; ++j) {
+        T sum = T(0);
+        for (int part = 0; part < per_dir; ++part) sum += dP[(d * per_dir + part) * 4 * H + j];
+        out[j] = sum;
+      }
+    }
   }
 }
 
@@ -135,7 +212,12 @@ class CpuBackend final : public detail::Backend {
       run_all(p, dirs);
   }
 
-  void backward(const Problem& p, const DirectionBackward* dirs) override { run_all(p, dirs); }
+  void backward(const Problem& p, const DirectionBackward* dirs) override {
+    if (p.dtype == DType::Float32)
+      backward_impl<float>(p, dirs);
+    else
+      backward_impl<double>(p, dirs);
+  }
 
   void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
                        void* dsource, void* dW, void* dbias) override {

@@ -83,17 +83,17 @@ namespace rnncore::cpu {
 // BPTT per the contract. Reset-before needs δu = δa_o R_o before δr, so it takes two
 // GEMMs per step; reset-after folds δq into the one product with R.
 template <class T>
-void gru_backward(const Problem& p, const DirectionBackward& a) {
-  const int64_t T_ = p.T, N = p.N, H = p.H, G3 = 3 * H;
-  Scratch<T> ws(N * H * 6 + 2 * T_ * N * H + N * G3 + 5 * H);
+void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
+  const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G3 = 3 * H;
+  Scratch<T> ws(N * H * 6 + N * G3 + 5 * H);
   T* zeros = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* direct = ws.take(N * H);  // δh ⊙ z (or 1 - z): the path around the gates
   T* rbuf = ws.take(N * H);    // r, kept for the second pass of reset-before
   T* drbuf = ws.take(N * H);   // σ_r'(a_r)
   T* du = ws.take(N * H);
-  T* hm_all = ws.take(T_ * N * H);  // h̃ at input time, for dR
-  T* side = ws.take(T_ * N * H);    // u = r ⊙ h̃ (reset-before) or δq (reset-after)
+  T* hm_all = sl.hm_all;  // h̃ at input time, for dR
+  T* side = sl.side;      // u = r ⊙ h̃ (reset-before) or δq (reset-after)
   T* dg = ws.take(N * G3);          // reset-after: [δa_z, δa_r, δq] in block order
   T* zg = ws.take(H);
   T* dzg = ws.take(H);
@@ -106,15 +106,15 @@ void gru_backward(const Problem& p, const DirectionBackward& a) {
                    act_o = p.gate_act[2];
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
-    const T* z = static_cast<const T*>(a.z) + tout * N * a.z_ld;
-    const T* dy = static_cast<const T*>(a.dy) + tout * N * a.dy_ld;
+    const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
+    const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
-    const Rows<const T> hp = previous_fwd<T>(a.h0, a.h0_ld, a.h_fwd, a.h_fwd_ld, s, T_, N,
+    const Rows<const T> hp = previous_fwd<T>(a.h0, a.h0_ld, a.h_fwd, a.h_fwd_ld, s, T_, TS,
                                              a.flip_out, zeros, H);
-    T* hm = hm_all + tin * N * H;
+    T* hm = hm_all + tin * TS * H;
     store_masked(a, hp, N, H, hm);
-    T* sd = side + tin * N * H;
-    T* dx = static_cast<T*>(a.dxp) + tin * N * a.dxp_ld;
+    T* sd = side + tin * TS * H;
+    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
     for (int64_t n = 0; n < N; ++n) {
       const T* zr = z + n * a.z_ld;
       const T* hpr = hp.row(n);
@@ -182,24 +182,36 @@ void gru_backward(const Problem& p, const DirectionBackward& a) {
     for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
+}
+
+template <class T>
+void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                         const T* side) {
+  const int64_t H = p.H, rows = p.T * p.N, oo = 2 * H;
   const T* dxp = static_cast<const T*>(a.dxp);
   T* dR = static_cast<T*>(a.dR);
-  gemm<T>(true, false, 2 * H, H, T_ * N, T(1), dxp, a.dxp_ld, hm_all, H, T(0), dR, H);
+  parallel_gemm<T>(true, false, 2 * H, H, rows, T(1), dxp, a.dxp_ld, hm_all, H, T(0), dR, H);
   if (p.reset_after) {
-    gemm<T>(true, false, H, H, T_ * N, T(1), side, H, hm_all, H, T(0), dR + 2 * H * H, H);
+    parallel_gemm<T>(true, false, H, H, rows, T(1), side, H, hm_all, H, T(0), dR + 2 * H * H, H);
     if (a.db2) {
       T* db2 = static_cast<T*>(a.db2);
       for (int64_t j = 0; j < H; ++j) db2[j] = T(0);
-      for (int64_t k = 0; k < T_ * N; ++k)
+      for (int64_t k = 0; k < rows; ++k)
         for (int64_t j = 0; j < H; ++j) db2[j] += side[k * H + j];
     }
   } else {
-    gemm<T>(true, false, H, H, T_ * N, T(1), dxp + oo, a.dxp_ld, side, H, T(0), dR + 2 * H * H,
-            H);
+    parallel_gemm<T>(true, false, H, H, rows, T(1), dxp + oo, a.dxp_ld, side, H, T(0),
+                     dR + 2 * H * H, H);
   }
 }
 
-template void gru_backward<float>(const Problem&, const DirectionBackward&);
-template void gru_backward<double>(const Problem&, const DirectionBackward&);
+template void gru_backward<float>(const Problem&, const DirectionBackward&,
+                                 const BackwardSlice<float>&);
+template void gru_backward<double>(const Problem&, const DirectionBackward&,
+                                  const BackwardSlice<double>&);
+template void gru_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
+                                         const float*);
+template void gru_backward_reduce<double>(const Problem&, const DirectionBackward&,
+                                          const double*, const double*);
 
 }  // namespace rnncore::cpu

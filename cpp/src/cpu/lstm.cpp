@@ -61,20 +61,20 @@ namespace rnncore::cpu {
 // BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step, rebuilt from
 // z_state and the cell output; dR and the per-step dX' products are GEMMs.
 template <class T>
-void lstm_backward(const Problem& p, const DirectionBackward& a) {
-  const int64_t T_ = p.T, N = p.N, H = p.H, G4 = 4 * H;
-  Scratch<T> ws(N * H * 4 + T_ * N * H + 2 * G4 + 3 * H + G4);
+void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
+  const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G4 = 4 * H;
+  Scratch<T> ws(N * H * 4 + 2 * G4 + 3 * H);
   T* zeros = ws.take(N * H);
   T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
-  T* hm_all = ws.take(T_ * N * H);
+  T* hm_all = sl.hm_all;
   T* g = ws.take(G4);   // activated gates of one row
   T* dg = ws.take(G4);  // their derivatives
   T* phi = ws.take(H);
   T* dphi = ws.take(H);
   T* tmp = ws.take(H);
-  T* dP = ws.take(G4);
+  T* dP = sl.dP;
   const T* R = static_cast<const T*>(a.R);
   const T* P = static_cast<const T*>(a.peephole);
   const int64_t oi = p.lstm_i * H, of = p.lstm_f * H, oz = p.lstm_z * H, oo = p.lstm_o * H;
@@ -84,15 +84,15 @@ void lstm_backward(const Problem& p, const DirectionBackward& a) {
                   static_cast<size_t>(H) * sizeof(T));
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
-    const T* z = static_cast<const T*>(a.z) + tout * N * a.z_ld;
-    const T* c = static_cast<const T*>(a.c_fwd) + tout * N * a.c_fwd_ld;
-    const Rows<const T> cp = previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, N,
+    const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
+    const T* c = static_cast<const T*>(a.c_fwd) + tout * TS * a.c_fwd_ld;
+    const Rows<const T> cp = previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS,
                                              a.flip_out, zeros, H);
-    const T* dy = static_cast<const T*>(a.dy) + tout * N * a.dy_ld;
+    const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
     const T* dcs =
-        a.dc_steps ? static_cast<const T*>(a.dc_steps) + tout * N * a.dc_steps_ld : nullptr;
-    T* dx = static_cast<T*>(a.dxp) + tin * N * a.dxp_ld;
+        a.dc_steps ? static_cast<const T*>(a.dc_steps) + tout * TS * a.dc_steps_ld : nullptr;
+    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
     for (int64_t n = 0; n < N; ++n) {
       const T* zr = z + n * a.z_ld;
       for (int64_t k = 0; k < 4; ++k)
@@ -123,7 +123,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a) {
     Rows<const T> hp{zeros, H};
     if (s > 0) {
       const int64_t tp = step_time(s - 1, T_, a.flip_out);
-      const T* zp = static_cast<const T*>(a.z) + tp * N * a.z_ld;
+      const T* zp = static_cast<const T*>(a.z) + tp * TS * a.z_ld;
       for (int64_t n = 0; n < N; ++n) {
         const Rows<const T> cpv{cp.data, cp.ld};
         activate(p.gate_act[p.lstm_o], zp + n * a.z_ld + oo, tmp, H);
@@ -134,18 +134,28 @@ void lstm_backward(const Problem& p, const DirectionBackward& a) {
     } else if (a.h0) {
       hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
-    store_masked(a, hp, N, H, hm_all + tin * N * H);
+    store_masked(a, hp, N, H, hm_all + tin * TS * H);
     gemm<T>(false, false, N, H, G4, T(1), dx, a.dxp_ld, R, H, T(0), dh_next, H);
     apply_mask(a, dh_next, N, H);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
   copy_rows(dc_next, N, H, a.dc0, a.dc0_ld);
-  gemm<T>(true, false, G4, H, T_ * N, T(1), static_cast<const T*>(a.dxp), a.dxp_ld, hm_all, H,
-          T(0), static_cast<T*>(a.dR), H);
-  if (a.dP) std::memcpy(a.dP, dP, static_cast<size_t>(G4) * sizeof(T));
 }
 
-template void lstm_backward<float>(const Problem&, const DirectionBackward&);
-template void lstm_backward<double>(const Problem&, const DirectionBackward&);
+template <class T>
+void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                          const T*) {
+  parallel_gemm<T>(true, false, 4 * p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp),
+                   a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
+}
+
+template void lstm_backward<float>(const Problem&, const DirectionBackward&,
+                                 const BackwardSlice<float>&);
+template void lstm_backward<double>(const Problem&, const DirectionBackward&,
+                                   const BackwardSlice<double>&);
+template void lstm_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
+                                          const float*);
+template void lstm_backward_reduce<double>(const Problem&, const DirectionBackward&,
+                                           const double*, const double*);
 
 }  // namespace rnncore::cpu

@@ -120,11 +120,34 @@ template <class T>
 void lstm_forward(const Problem& p, const DirectionForward& a);
 template <class T>
 void gru_forward(const Problem& p, const DirectionForward& a);
+// A slice of the batch rows of one direction's BPTT: rows are independent until the
+// weight gradients, so each thread of the pool takes a slice and no thread waits for
+// another inside the time loop. The DirectionBackward pointers are offset to the slice's
+// first row; time steps are still p.N rows apart. hm_all and side are [T, N, H] buffers
+// of the whole batch (offset likewise) that the reduction after the loop reads.
 template <class T>
-void rnn_backward(const Problem& p, const DirectionBackward& a);
+struct BackwardSlice {
+  int64_t rows;
+  T* hm_all;  // h̃ (masked previous state) of every step, at input time
+  T* side;    // GRU: u = r ⊙ h̃ (reset-before) or δq (reset-after)
+  T* dP;      // LSTM: this slice's part of the peephole gradient [4H], zeroed
+};
+
 template <class T>
-void lstm_backward(const Problem& p, const DirectionBackward& a);
+void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl);
 template <class T>
-void gru_backward(const Problem& p, const DirectionBackward& a);
+void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl);
+template <class T>
+void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl);
+// After every slice: dR (and GRU db2) as GEMMs / sums over all steps and rows.
+template <class T>
+void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                         const T* side);
+template <class T>
+void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                          const T* side);
+template <class T>
+void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                         const T* side);
 
 }  // namespace rnncore::cpu

@@ -38,23 +38,23 @@ namespace rnncore::cpu {
 
 // BPTT per the contract; dR comes from one GEMM over all steps after the loop.
 template <class T>
-void rnn_backward(const Problem& p, const DirectionBackward& a) {
-  const int64_t T_ = p.T, N = p.N, H = p.H;
-  Scratch<T> ws(N * H * 3 + T_ * N * H + 2 * H);
+void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
+  const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H;
+  Scratch<T> ws(N * H * 3 + 2 * H);
   T* zeros = ws.take(N * H);
   T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
-  T* hm_all = ws.take(T_ * N * H);  // h[t-1] ⊙ m at input time, for dR
+  T* hm_all = sl.hm_all;  // h[t-1] ⊙ m at input time, for dR
   T* f = ws.take(H);
   T* df = ws.take(H);
   const T* R = static_cast<const T*>(a.R);
   const Activation act = p.gate_act[0];
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
-    const T* z = static_cast<const T*>(a.z) + tout * N * a.z_ld;
-    const T* dy = static_cast<const T*>(a.dy) + tout * N * a.dy_ld;
+    const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
+    const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
-    T* dx = static_cast<T*>(a.dxp) + tin * N * a.dxp_ld;
+    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
     for (int64_t n = 0; n < N; ++n) {
       activate_grad(act, z + n * a.z_ld, f, df, H);
       const T* dyr = dy + n * a.dy_ld;
@@ -69,22 +69,33 @@ void rnn_backward(const Problem& p, const DirectionBackward& a) {
     // h[t-1]: the initial state, or the activation of the previous step's z.
     Rows<const T> hp{zeros, H};
     if (s > 0) {
-      const T* zp = static_cast<const T*>(a.z) + step_time(s - 1, T_, a.flip_out) * N * a.z_ld;
+      const T* zp = static_cast<const T*>(a.z) + step_time(s - 1, T_, a.flip_out) * TS * a.z_ld;
       for (int64_t n = 0; n < N; ++n) activate(act, zp + n * a.z_ld, hprev + n * H, H);
       hp = {hprev, H};
     } else if (a.h0) {
       hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
-    store_masked(a, hp, N, H, hm_all + tin * N * H);
+    store_masked(a, hp, N, H, hm_all + tin * TS * H);
     gemm<T>(false, false, N, H, H, T(1), dx, a.dxp_ld, R, H, T(0), dh_next, H);
     apply_mask(a, dh_next, N, H);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
-  gemm<T>(true, false, H, H, T_ * N, T(1), static_cast<const T*>(a.dxp), a.dxp_ld, hm_all, H,
-          T(0), static_cast<T*>(a.dR), H);
 }
 
-template void rnn_backward<float>(const Problem&, const DirectionBackward&);
-template void rnn_backward<double>(const Problem&, const DirectionBackward&);
+template <class T>
+void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
+                         const T*) {
+  parallel_gemm<T>(true, false, p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp),
+                   a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
+}
+
+template void rnn_backward<float>(const Problem&, const DirectionBackward&,
+                                 const BackwardSlice<float>&);
+template void rnn_backward<double>(const Problem&, const DirectionBackward&,
+                                  const BackwardSlice<double>&);
+template void rnn_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
+                                         const float*);
+template void rnn_backward_reduce<double>(const Problem&, const DirectionBackward&,
+                                          const double*, const double*);
 
 }  // namespace rnncore::cpu
