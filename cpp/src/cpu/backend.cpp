@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/fused.hpp"
@@ -87,6 +88,15 @@ DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   return v;
 }
 
+// RNNCORE_CPU_PATH=blas keeps float32 on the BLAS-per-step path (tests compare the two).
+bool blas_path_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("RNNCORE_CPU_PATH");
+    return v && std::strcmp(v, "blas") == 0;
+  }();
+  return forced;
+}
+
 // BPTT with the batch rows of each direction split over the pool (no synchronisation
 // inside the time loop), then the weight-gradient reductions over all rows.
 template <class T>
@@ -101,12 +111,30 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
   std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0,
                     T(0));
+  // float32: R packed once per direction for the per-step products.
+  std::vector<float> packed[2], packed_o[2];
+  if constexpr (std::is_same_v<T, float>) {
+    if (!blas_path_forced())
+      for (int64_t d = 0; d < p.D; ++d) {
+        const float* R = static_cast<const float*>(dirs[d].R);
+        const bool split = p.op == detail::OpKind::Gru && !p.reset_after;
+        const int64_t K = split ? 2 * H : p.G * H;
+        packed[d].resize(static_cast<size_t>(packed_columns_size(K, H)));
+        fused_kernels().pack_columns(R, K, H, packed[d].data());
+        if (split) {
+          packed_o[d].resize(static_cast<size_t>(packed_columns_size(H, H)));
+          fused_kernels().pack_columns(R + 2 * H * H, H, H, packed_o[d].data());
+        }
+      }
+  }
   auto run = [&](int k) {
     const int d = k / per_dir, part = k % per_dir;
     const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
     BackwardSlice<T> sl{n1 - n0, hm_all.data() + d * TNH + n0 * H,
                         side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
-                        dP.empty() ? nullptr : dP.data() + k * 4 * H};
+                        dP.empty() ? nullptr : dP.data() + k * 4 * H,
+                        packed[d].empty() ? nullptr : packed[d].data(),
+                        packed_o[d].empty() ? nullptr : packed_o[d].data()};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   };
   pool.run(slices, [&](int tid, int team) {
@@ -177,15 +205,6 @@ void run_all(const Problem& p, const Dir* dirs) {
     else
       run_direction<double>(p, a);
   });
-}
-
-// RNNCORE_CPU_PATH=blas keeps float32 on the BLAS-per-step path (tests compare the two).
-bool blas_path_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("RNNCORE_CPU_PATH");
-    return v && std::strcmp(v, "blas") == 0;
-  }();
-  return forced;
 }
 
 class CpuBackend final : public detail::Backend {

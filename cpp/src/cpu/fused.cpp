@@ -45,6 +45,11 @@ const FusedKernels& fused_kernels() {
   return k;
 }
 
+int64_t packed_columns_size(int64_t K, int64_t n) {
+  const int64_t w = fused_kernels().width;
+  return (n + w - 1) / w * w * K;
+}
+
 void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs) {
   const FusedKernels& k = fused_kernels();
   ThreadPool& pool = ThreadPool::instance();

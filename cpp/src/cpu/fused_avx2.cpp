@@ -4,7 +4,8 @@
 namespace rnncore::cpu {
 
 FusedKernels fused_kernels_avx2() {
-  return {8, "avx2", &Fused<8>::forward, &Fused<8>::workspace};
+  return {8, "avx2", &Fused<8>::forward, &Fused<8>::workspace,
+          &Fused<8>::pack_columns, &Fused<8>::matmul};
 }
 
 }  // namespace rnncore::cpu

@@ -4,7 +4,8 @@
 namespace rnncore::cpu {
 
 FusedKernels fused_kernels_avx512() {
-  return {16, "avx512", &Fused<16>::forward, &Fused<16>::workspace};
+  return {16, "avx512", &Fused<16>::forward, &Fused<16>::workspace,
+          &Fused<16>::pack_columns, &Fused<16>::matmul};
 }
 
 }  // namespace rnncore::cpu

@@ -4,7 +4,8 @@
 namespace rnncore::cpu {
 
 FusedKernels fused_kernels_generic() {
-  return {4, "generic", &Fused<4>::forward, &Fused<4>::workspace};
+  return {4, "generic", &Fused<4>::forward, &Fused<4>::workspace,
+          &Fused<4>::pack_columns, &Fused<4>::matmul};
 }
 
 }  // namespace rnncore::cpu

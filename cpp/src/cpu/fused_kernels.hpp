@@ -420,6 +420,39 @@ struct Fused {
     }
   }
 
+  // ---- general product with a packed right operand (the backward steps) --------------
+  static void pack_columns(const float* B, int64_t K, int64_t n, float* out) {
+    const int64_t nb = (n + W - 1) / W;
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t k = 0; k < K; ++k)
+        for (int w = 0; w < W; ++w) {
+          const int64_t j = b * W + w;
+          out[(b * K + k) * W + w] = j < n ? B[k * n + j] : 0.0f;
+        }
+  }
+
+  static void matmul(const float* A, int64_t lda, int64_t M, int64_t K, const float* packed,
+                     int64_t n, float* C, int64_t ldc, bool accumulate) {
+    constexpr int MR = rows<1>();
+    alignas(64) float t[MR * W];
+    const int64_t nb = (n + W - 1) / W;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
+      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const int m = static_cast<int>(std::min<int64_t>(MR, M - m0));
+        tile_rows<1>(m, A + m0 * lda, lda, K, packed + b * K * W, t);
+        for (int r = 0; r < m; ++r) {
+          float* c = C + (m0 + r) * ldc + j0;
+          const float* v = t + r * W;
+          if (accumulate)
+            for (int64_t w = 0; w < wv; ++w) c[w] += v[w];
+          else
+            for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
+        }
+      }
+    }
+  }
+
   static void forward(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
                       int team) {
     switch (p.op) {

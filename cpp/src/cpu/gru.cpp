@@ -160,9 +160,9 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       }
     }
     if (p.reset_after) {
-      gemm<T>(false, false, N, H, G3, T(1), dg, G3, R, H, T(0), dh_next, H);
+      step_product<T>(dg, G3, N, G3, R, sl.packed_R, H, dh_next, H, false);
     } else {
-      gemm<T>(false, false, N, H, H, T(1), dx + oo, a.dxp_ld, R + 2 * H * H, H, T(0), du, H);
+      step_product<T>(dx + oo, a.dxp_ld, N, H, R + 2 * H * H, sl.packed_Ro, H, du, H, false);
       for (int64_t n = 0; n < N; ++n) {
         const T* r = rbuf + n * H;
         const T* dr = drbuf + n * H;
@@ -176,7 +176,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
           dh_next[n * H + j] = dur[j] * r[j];
         }
       }
-      gemm<T>(false, false, N, H, 2 * H, T(1), dx, a.dxp_ld, R, H, T(1), dh_next, H);
+      step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, H, dh_next, H, true);
     }
     apply_mask(a, dh_next, N, H);
     for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];

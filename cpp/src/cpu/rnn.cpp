@@ -76,7 +76,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
     store_masked(a, hp, N, H, hm_all + tin * TS * H);
-    gemm<T>(false, false, N, H, H, T(1), dx, a.dxp_ld, R, H, T(0), dh_next, H);
+    step_product<T>(dx, a.dxp_ld, N, H, R, sl.packed_R, H, dh_next, H, false);
     apply_mask(a, dh_next, N, H);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
