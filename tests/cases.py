@@ -1,12 +1,15 @@
-"""Case builders shared by the forward suites (tests/test_forward_*.py).
+"""Case builders shared by the forward and gradient suites (tests/test_forward_*.py,
+tests/test_gradients_*.py).
 
 Random inputs in the contract's shapes (spec/semantics.md), descriptors and calls by op
 kind, and the output checks every forward comparison needs.
 """
 
+import copy
+
 import numpy as np
 import pytest
-from util import FORWARD_TOL, assert_rel_close
+from util import FORWARD_TOL, GRADIENT_TOL, assert_rel_close, rel_err
 
 import rnncore
 
@@ -197,3 +200,142 @@ def check_close(actual, expected, kind, tol, what=""):
 
 def forward_tol(dtype):
     return FORWARD_TOL[np.dtype(dtype)]
+
+
+# --------------------------------------------------------------------------------------
+# Gradient suites (tests/test_gradients_*.py)
+# --------------------------------------------------------------------------------------
+
+_GRADIENT_OPS = {
+    "rnn": "single_gate_rnn_gradients",
+    "lstm": "lstm_gradients",
+    "gru": "gru_gradients",
+}
+# Fields of the gradient results (RNNGradients, LSTMGradients, GRUGradients), in order.
+GRADIENT_FIELDS = {
+    "rnn": ("source", "recurrent_weight", "input_weight", "bias", "init_state"),
+    "lstm": (
+        "source",
+        "recurrent_weight",
+        "input_weight",
+        "bias",
+        "peephole",
+        "init_state",
+        "init_cell",
+    ),
+    "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "secondary_bias"),
+}
+# The LSTM cell gradient: none, dL/d(final cell) [N, D·H], or dL/d(c[t]) [T, N, D·H].
+CELL_GRADIENT_FORMS = (None, "final", "steps")
+
+
+def gradient_op(module, kind):
+    """The gradient function of `kind` in `module` (rnncore or rnncore.reference)."""
+    return getattr(module, _GRADIENT_OPS[kind])
+
+
+def with_fields(descriptor, **fields):
+    """A copy of the rnncore `descriptor` with some fields replaced."""
+    d = copy.copy(descriptor)
+    for k, v in fields.items():
+        setattr(d, k, getattr(rnncore.Activation, v) if isinstance(v, str) else v)
+    return d
+
+
+def make_cotangents(
+    rng,
+    kind,
+    *,
+    T,
+    N,
+    H,
+    bidirectional=False,
+    dtype=np.float64,
+    state_gradient=False,
+    cell_gradient=None,
+):
+    """dL/dh for every step (`source_gradient`), plus the optional `state_gradient` and,
+    for LSTM, `cell_gradient` in one of CELL_GRADIENT_FORMS; as a dict of arguments."""
+    DH = (2 if bidirectional else 1) * H
+    dt = np.dtype(dtype)
+    cot = {"source_gradient": rng.standard_normal((T, N, DH)).astype(dt)}
+    if state_gradient:
+        cot["state_gradient"] = rng.standard_normal((N, DH)).astype(dt)
+    if kind == "lstm" and cell_gradient == "final":
+        cot["cell_gradient"] = rng.standard_normal((N, DH)).astype(dt)
+    elif kind == "lstm" and cell_gradient == "steps":
+        cot["cell_gradient"] = rng.standard_normal((T, N, DH)).astype(dt)
+    elif cell_gradient is not None and kind == "lstm":
+        raise ValueError(f"unknown cell gradient form {cell_gradient!r}")
+    return cot
+
+
+def training_forward(module, kind, inputs, descriptor, **kwargs):
+    """A forward run with training = True (z_state, and the LSTM cell)."""
+    return run(module, kind, inputs, with_fields(descriptor, training=True), **kwargs)
+
+
+def run_gradients(module, kind, inputs, descriptor, cot, *, forward=None, **kwargs):
+    """The gradient op of `module`, fed as a user would: with the z_state (and GRU
+    output / LSTM cell) of `forward`, by default a training forward run of `module`
+    itself. The descriptor passed to the gradient op has training = False: the field is
+    ignored there. Returns (gradients, forward result)."""
+    if descriptor is None:
+        descriptor = make_descriptor(kind)
+    if forward is None:
+        forward = training_forward(module, kind, inputs, descriptor, **kwargs)
+    extra = {"rnn": (), "lstm": (getattr(forward, "cell", None),), "gru": (forward.state,)}[kind]
+    rest = {k: v for k, v in inputs.items() if k not in ("source", "recurrent_weight")}
+    optional = {k: v for k, v in cot.items() if k != "source_gradient"}
+    grads = gradient_op(module, kind)(
+        inputs["source"],
+        inputs["recurrent_weight"],
+        cot["source_gradient"],
+        forward.z_state,
+        *extra,
+        **optional,
+        **rest,
+        descriptor=with_fields(descriptor, training=False),
+        **kwargs,
+    )
+    return grads, forward
+
+
+def final_state(y, H, bidirectional):
+    """Each direction's final state [N, D·H] from a [T, N, D·H] output (the contract's
+    "Bidirectional halves"): y[T-1] forward, y[0] backward."""
+    if bidirectional:
+        return np.concatenate([y[-1, :, :H], y[0, :, H:]], axis=-1)
+    return y[-1]
+
+
+def check_gradient_layout(grads, kind, inputs, dtype, what=""):
+    """Every field is an array of its input's shape and dtype, or None if not given."""
+    for field in GRADIENT_FIELDS[kind]:
+        value = getattr(grads, field)
+        if field not in inputs:
+            assert value is None, f"{what}: d{field} should be None (input not given)"
+            continue
+        assert isinstance(value, np.ndarray), f"{what}: d{field} is {type(value)}"
+        shape = np.shape(inputs[field])
+        assert value.shape == shape, f"{what}: d{field} shape {value.shape} != {shape}"
+        assert value.dtype == np.dtype(dtype), f"{what}: d{field} dtype {value.dtype}"
+
+
+def check_gradients_close(actual, expected, kind, tol, what=""):
+    """Every field of `actual` within `tol` (relative) of `expected`; None matches None."""
+    worst = 0.0
+    for field in GRADIENT_FIELDS[kind]:
+        a, e = getattr(actual, field), getattr(expected, field)
+        if e is None:
+            assert a is None, f"{what}: d{field} should be None"
+            continue
+        assert a is not None, f"{what}: d{field} is None but expected an array"
+        assert np.all(np.isfinite(a)), f"{what}: d{field} has non-finite values"
+        assert_rel_close(a, e, tol, f"{what}: d{field}")
+        worst = max(worst, rel_err(a, e))
+    return worst
+
+
+def gradient_tol(dtype):
+    return GRADIENT_TOL[np.dtype(dtype)]

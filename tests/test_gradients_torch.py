@@ -1,0 +1,230 @@
+"""Gradient ops against PyTorch autograd on nn.RNN / nn.LSTM / nn.GRU (contract mappings).
+
+The loss is sum(y·dy) + sum(h_n·dh_n) (+ sum(c_n·dc_n) for LSTM), so `state_gradient`
+is dh_n and the final-form `cell_gradient` is dc_n. PyTorch in float64 is the ground
+truth; its parameters and every input are rounded to float32 first, so the float32 run
+of rnncore sees exactly the numbers the float64 one does.
+
+PyTorch's two biases map onto the contract's one (semantics.md, "Mapping other
+frameworks"): for RNN and LSTM d(b_ih) = d(b_hh) = dbias; for GRU (stored r, z, n;
+reset_gate_first = reset_after = true) d(b_ih) = dbias and
+d(b_hh) = [dbias_r, dbias_z, dsecondary_bias].
+
+`reverse` has no PyTorch flag, but a reverse layer is PyTorch's on the flipped sequence,
+its outputs in processing order: that is checked too.
+"""
+
+import numpy as np
+import pytest
+from cases import DTYPES, gradient_tol, make_descriptor, run_gradients, skip_unsupported
+from util import assert_rel_close
+
+import rnncore
+
+torch = pytest.importorskip("torch")
+
+MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+DIRECTIONS = ("uni", "reverse", "bi")
+# (T, N, I, H): an ordinary size, and T = 1, N = 1 with H past a 32-wide block.
+SIZES = [(6, 3, 5, 7), (1, 1, 4, 33), (4, 2, 3, 32)]
+
+
+def f32(a):
+    """Round to float32 and back: exactly representable in both dtypes."""
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def torch_module(mode, I, H, bidirectional):  # noqa: E741
+    torch.manual_seed(4321)
+    if mode.startswith("rnn"):
+        nonlinearity = mode.split("_")[1]
+        module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
+    elif mode == "lstm":
+        module = torch.nn.LSTM(I, H, bidirectional=bidirectional)
+    else:
+        module = torch.nn.GRU(I, H, bidirectional=bidirectional)
+    module = module.double()
+    with torch.no_grad():
+        for p in module.parameters():
+            # Larger than the default init (more nonlinearity), float32-representable.
+            p.copy_((2.0 * p).float().double())
+    return module
+
+
+def directions(module, bidirectional):
+    """Per direction, PyTorch's four parameters (tensors with .grad after backward)."""
+    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return [{n: getattr(module, n + s) for n in names} for s in suffixes]
+
+
+def to_rnncore(mode, params, H, direction):
+    """(kind, descriptor, weights) per the contract's PyTorch mappings."""
+    bidirectional = direction == "bi"
+    p = [{k: v.detach().numpy() for k, v in d.items()} for d in params]
+    weights = {
+        "input_weight": np.concatenate([d["weight_ih"] for d in p]),
+        "recurrent_weight": (
+            np.stack([d["weight_hh"] for d in p]) if bidirectional else p[0]["weight_hh"]
+        ),
+    }
+    flags = {"bidirectional": bidirectional, "reverse": direction == "reverse"}
+    if mode == "gru":  # r, z, n: bias = [b_ir+b_hr, b_iz+b_hz, b_in], secondary = b_hn
+        weights["bias"] = np.concatenate(
+            [
+                np.concatenate(
+                    [d["bias_ih"][: 2 * H] + d["bias_hh"][: 2 * H], d["bias_ih"][2 * H :]]
+                )
+                for d in p
+            ]
+        )
+        weights["secondary_bias"] = np.concatenate([d["bias_hh"][2 * H :] for d in p])
+        desc = make_descriptor("gru", reset_gate_first=True, reset_after=True, **flags)
+        return "gru", desc, weights
+    weights["bias"] = np.concatenate([d["bias_ih"] + d["bias_hh"] for d in p])
+    if mode == "lstm":
+        return "lstm", make_descriptor("lstm", **flags), weights
+    act = "TANH" if mode == "rnn_tanh" else "RELU"
+    return "rnn", make_descriptor("rnn", activation=act, **flags), weights
+
+
+def to_contract_state(s):
+    """PyTorch's [D, N, H] as the contract's [N, D·H]."""
+    s = np.asarray(s)
+    return np.ascontiguousarray(s.transpose(1, 0, 2).reshape(s.shape[1], -1))
+
+
+def torch_run(module, mode, x, h0, c0, with_init, rng):
+    """Forward and backward in PyTorch; returns the cotangents and the leaf tensors."""
+    xt = torch.tensor(x, requires_grad=True)
+    h0t = torch.tensor(h0, requires_grad=True)
+    c0t = torch.tensor(c0, requires_grad=True)
+    if mode == "lstm":
+        y, (hn, cn) = module(xt, (h0t, c0t)) if with_init else module(xt)
+    else:
+        y, hn = module(xt, h0t if with_init else None)
+        cn = None
+    dy = f32(rng.standard_normal(tuple(y.shape)))
+    dhn = f32(rng.standard_normal(tuple(hn.shape)))
+    total = (y * torch.from_numpy(dy)).sum() + (hn * torch.from_numpy(dhn)).sum()
+    dcn = None
+    if cn is not None:
+        dcn = f32(rng.standard_normal(tuple(cn.shape)))
+        total = total + (cn * torch.from_numpy(dcn)).sum()
+    total.backward()
+    return dict(y=y.detach().numpy(), dy=dy, dhn=dhn, dcn=dcn, x=xt, h0=h0t, c0=c0t, hn=hn.detach())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("with_init", [False, True], ids=["zero-init", "init"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("size", SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES])
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
+    T, N, I, H = size  # noqa: E741
+    skip_unsupported(device, dtype)
+    bidirectional = direction == "bi"
+    D = 2 if bidirectional else 1
+    module = torch_module(mode, I, H, bidirectional)
+    params = directions(module, bidirectional)
+    kind, desc, weights = to_rnncore(mode, params, H, direction)
+
+    x = f32(rng.standard_normal((T, N, I)))
+    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
+    c0 = f32(rng.standard_normal((D, N, H)))
+    # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
+    x_torch = x[::-1].copy() if direction == "reverse" else x
+    ref = torch_run(module, mode, x_torch, h0, c0, with_init, rng)
+
+    inputs = {"source": x, **weights}
+    if with_init:
+        inputs["init_state"] = to_contract_state(h0)
+        if kind == "lstm":
+            inputs["init_cell"] = to_contract_state(c0)
+    inputs = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in inputs.items()}
+    cot = {
+        "source_gradient": ref["dy"].astype(dtype),
+        "state_gradient": to_contract_state(ref["dhn"]).astype(dtype),
+    }
+    if kind == "lstm":
+        cot["cell_gradient"] = to_contract_state(ref["dcn"]).astype(dtype)
+    grads, fwd = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
+
+    tol = gradient_tol(dtype)
+    what = f"{mode} {direction} init={with_init} {np.dtype(dtype).name}"
+    # The forward run the gradients come from is PyTorch's too.
+    assert_rel_close(fwd.state, ref["y"], 10 * tol, f"{what}: forward output")
+
+    def check(actual, expected, name):
+        assert actual is not None, f"{what}: {name} is None"
+        assert actual.dtype == np.dtype(dtype), f"{what}: {name} dtype {actual.dtype}"
+        assert_rel_close(actual, expected, tol, f"{what}: {name}")
+
+    dx = ref["x"].grad.numpy()
+    check(grads.source, dx[::-1] if direction == "reverse" else dx, "dsource")
+    G = {"rnn": 1, "lstm": 4, "gru": 3}[kind]
+    for d, p in enumerate(params):
+        rows = slice(d * G * H, (d + 1) * G * H)
+        dR = grads.recurrent_weight[d] if bidirectional else grads.recurrent_weight
+        check(grads.input_weight[rows], p["weight_ih"].grad.numpy(), f"dweight_ih[{d}]")
+        check(dR, p["weight_hh"].grad.numpy(), f"dweight_hh[{d}]")
+        dbias = grads.bias[rows]
+        check(dbias, p["bias_ih"].grad.numpy(), f"dbias_ih[{d}]")
+        if kind == "gru":
+            db2 = grads.secondary_bias[d * H : (d + 1) * H]
+            db_hh = np.concatenate([dbias[: 2 * H], db2])
+        else:
+            db_hh = dbias
+        check(db_hh, p["bias_hh"].grad.numpy(), f"dbias_hh[{d}]")
+    if with_init:
+        check(grads.init_state, to_contract_state(ref["h0"].grad.numpy()), "dh0")
+        if kind == "lstm":
+            check(grads.init_cell, to_contract_state(ref["c0"].grad.numpy()), "dc0")
+    else:
+        assert grads.init_state is None
+        if kind == "lstm":
+            assert grads.init_cell is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_output_gradient_only_matches_torch_autograd(rng, device, mode, direction, dtype):
+    """Without state_gradient / cell_gradient: the loss is sum(y·dy) alone."""
+    skip_unsupported(device, dtype)
+    T, N, I, H = 5, 2, 3, 4  # noqa: E741
+    bidirectional = direction == "bi"
+    D = 2 if bidirectional else 1
+    module = torch_module(mode, I, H, bidirectional)
+    params = directions(module, bidirectional)
+    kind, desc, weights = to_rnncore(mode, params, H, direction)
+    x = f32(rng.standard_normal((T, N, I)))
+    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
+    c0 = f32(rng.standard_normal((D, N, H)))
+    dy = f32(rng.standard_normal((T, N, D * H)))
+
+    xt = torch.tensor(x[::-1].copy() if direction == "reverse" else x)
+    xt.requires_grad_(True)
+    h0t = torch.tensor(h0, requires_grad=True)
+    c0t = torch.tensor(c0, requires_grad=True)
+    y = module(xt, (h0t, c0t))[0] if mode == "lstm" else module(xt, h0t)[0]
+    (y * torch.from_numpy(dy)).sum().backward()
+
+    inputs = {"source": x, **weights, "init_state": to_contract_state(h0)}
+    if kind == "lstm":
+        inputs["init_cell"] = to_contract_state(c0)
+    inputs = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in inputs.items()}
+    cot = {"source_gradient": dy.astype(dtype)}
+    grads, _ = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
+
+    tol = gradient_tol(dtype)
+    what = f"{mode} {direction} {np.dtype(dtype).name}"
+    dx = xt.grad.numpy()
+    assert_rel_close(grads.source, dx[::-1] if direction == "reverse" else dx, tol, what)
+    dW = np.concatenate([p["weight_ih"].grad.numpy() for p in params])
+    assert_rel_close(grads.input_weight, dW, tol, f"{what}: dW")
+    dR = [p["weight_hh"].grad.numpy() for p in params]
+    assert_rel_close(grads.recurrent_weight, np.stack(dR) if bidirectional else dR[0], tol, what)
+    assert_rel_close(grads.init_state, to_contract_state(h0t.grad.numpy()), tol, f"{what}: dh0")
+    if kind == "lstm":
+        assert_rel_close(grads.init_cell, to_contract_state(c0t.grad.numpy()), tol, f"{what}: dc0")
