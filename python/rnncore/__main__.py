@@ -493,11 +493,22 @@ def cmd_info(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # the demo parses its own options
+        from . import demo
+
+        return demo.main(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m rnncore", description="rnncore build information and self-check."
+        prog="python -m rnncore",
+        description="rnncore: a training demo, build information and self-check.",
     )
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
+    sub.add_parser(
+        "demo",
+        help="train a GRU and an LSTM on the adding problem with rnncore's gradients "
+        "(see python -m rnncore demo --help)",
+    )
     p_info = sub.add_parser("info", help="print version, devices, BLAS and compiler")
     p_info.set_defaults(func=cmd_info)
     p_check = sub.add_parser(
