@@ -71,13 +71,20 @@ template <class T>
 void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   ThreadPool& pool = ThreadPool::instance();
-  // About 2^20 multiply-adds per thread before a split pays off.
+  // About 2^20 multiply-adds per thread before a split pays off. The longer side of C is
+  // split, so that each thread packs only its own share of the other operand.
+  const bool by_rows = M >= N;
+  const int64_t side = by_rows ? M : N;
   const int64_t parts = std::min<int64_t>(pool.max_threads(), std::max<int64_t>(1, M * N * K >> 20));
-  const int team = static_cast<int>(std::min<int64_t>(parts, std::max<int64_t>(1, M / 8)));
+  const int team = static_cast<int>(std::min<int64_t>(parts, std::max<int64_t>(1, side / 16)));
   pool.run(team, [&](int tid, int used) {
-    const int64_t r0 = M * tid / used, r1 = M * (tid + 1) / used;
-    const T* a = ta ? A + r0 : A + r0 * lda;
-    gemm<T>(ta, tb, r1 - r0, N, K, alpha, a, lda, B, ldb, beta, C + r0 * ldc, ldc);
+    const int64_t i0 = side * tid / used, i1 = side * (tid + 1) / used;
+    if (by_rows)
+      gemm<T>(ta, tb, i1 - i0, N, K, alpha, ta ? A + i0 : A + i0 * lda, lda, B, ldb, beta,
+              C + i0 * ldc, ldc);
+    else
+      gemm<T>(ta, tb, M, i1 - i0, K, alpha, A, lda, tb ? B + i0 * ldb : B + i0, ldb, beta,
+              C + i0, ldc);
   });
 }
 

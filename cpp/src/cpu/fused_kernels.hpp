@@ -28,32 +28,49 @@ template <int W>
 struct Fused {
   typedef float vec __attribute__((vector_size(W * 4), aligned(4), may_alias));
   static constexpr int kRegs = W >= 16 ? 32 : 16;
-  // Rows per tile: as many accumulators as the register file holds beside G loads.
+  // Rows per tile: as many accumulators as the register file holds beside the G vectors
+  // of R and one broadcast (one more and the compiler spills accumulators to the stack).
   template <int G>
   static constexpr int rows() {
-    return std::min(8, std::max(1, (kRegs - G) / G));
+    return std::min(8, std::max(1, (kRegs - G - 1) / G));
   }
 
   using Problem = detail::Problem;
   using Dir = detail::DirectionForward;
 
-  // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M.
+  // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
+  // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
+  // so the k loop is split into U interleaved partial sums.
   template <int G, int M>
   static void tile(const float* A, int64_t lda, int64_t K, const float* Bp, float* out) {
+    constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     const vec zero = {};
-    vec acc[M][G];
-    for (int r = 0; r < M; ++r)
-      for (int g = 0; g < G; ++g) acc[r][g] = zero;
-    for (int64_t k = 0; k < K; ++k) {
-      vec b[G];
-      for (int g = 0; g < G; ++g) b[g] = *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
+    vec acc[U][M][G];
+    for (int u = 0; u < U; ++u)
+      for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g) acc[u][r][g] = zero;
+    int64_t k = 0;
+    for (; k + U <= K; k += U)
+      for (int u = 0; u < U; ++u) {
+        vec b[G];
+        for (int g = 0; g < G; ++g)
+          b[g] = *reinterpret_cast<const vec*>(Bp + ((k + u) * G + g) * W);
+        for (int r = 0; r < M; ++r) {
+          const float a = A[r * lda + k + u];
+          for (int g = 0; g < G; ++g) acc[u][r][g] += a * b[g];
+        }
+      }
+    for (; k < K; ++k)
       for (int r = 0; r < M; ++r) {
         const float a = A[r * lda + k];
-        for (int g = 0; g < G; ++g) acc[r][g] += a * b[g];
+        for (int g = 0; g < G; ++g) acc[0][r][g] += a * *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
       }
-    }
     for (int r = 0; r < M; ++r)
-      for (int g = 0; g < G; ++g) *reinterpret_cast<vec*>(out + (r * G + g) * W) = acc[r][g];
+      for (int g = 0; g < G; ++g) {
+        vec sum = acc[0][r][g];
+        for (int u = 1; u < U; ++u) sum += acc[u][r][g];
+        *reinterpret_cast<vec*>(out + (r * G + g) * W) = sum;
+      }
   }
 
   template <int G, int M = rows<G>()>
