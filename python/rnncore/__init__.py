@@ -18,6 +18,8 @@ from ._core import (
     __version__,
     build_info,
     devices,
+    num_threads,
+    set_num_threads,
 )
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "gru_gradients",
     "lstm",
     "lstm_gradients",
+    "num_threads",
+    "set_num_threads",
     "single_gate_rnn",
     "single_gate_rnn_gradients",
 ]

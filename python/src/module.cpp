@@ -329,8 +329,14 @@ NB_MODULE(_core, m) {
     d["blas"] = b.blas;
     d["compiler"] = b.compiler;
     d["devices"] = b.devices;
+    d["threads"] = b.threads;
+    d["kernels"] = b.kernels;
     return d;
   });
+  m.def("set_num_threads", &set_num_threads, "n"_a,
+        "Threads a call may use on the CPU; 0 restores the default (RNNCORE_NUM_THREADS, "
+        "else every usable core).");
+  m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
   m.attr("__version__") = version();
 
   m.def(

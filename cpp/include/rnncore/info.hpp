@@ -10,10 +10,17 @@ struct BuildInfo {
   std::string version;
   std::string blas;      // the BLAS library in use, with its configuration when known
   std::string compiler;
+  int threads = 1;        // threads a call may use (RNNCORE_NUM_THREADS, set_num_threads)
+  std::string kernels;    // the CPU kernel variant: avx512, avx2 or generic
   std::vector<std::string> devices;
 };
 
 const char* version();
 BuildInfo build_info();
+
+// Threads a call may use; 0 restores the default (RNNCORE_NUM_THREADS, else every usable
+// core).
+void set_num_threads(int n);
+int num_threads();
 
 }  // namespace rnncore

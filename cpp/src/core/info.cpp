@@ -1,6 +1,8 @@
 #include "rnncore/info.hpp"
 
 #include "cpu/blas.hpp"
+#include "cpu/fused.hpp"
+#include "cpu/thread_pool.hpp"
 #include "rnncore/device.hpp"
 
 namespace rnncore {
@@ -19,7 +21,13 @@ BuildInfo build_info() {
   b.compiler = "unknown";
 #endif
   b.devices = available_devices();
+  b.threads = num_threads();
+  b.kernels = cpu::fused_kernels().isa;
   return b;
 }
+
+void set_num_threads(int n) { cpu::ThreadPool::instance().set_max_threads(n); }
+
+int num_threads() { return cpu::ThreadPool::instance().max_threads(); }
 
 }  // namespace rnncore

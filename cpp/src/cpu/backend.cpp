@@ -137,11 +137,9 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
                         packed_o[d].empty() ? nullptr : packed_o[d].data()};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   };
-  pool.run(slices, [&](int tid, int team) {
-    if (team < slices)  // the pool was busy: every slice on this thread
-      for (int k = 0; k < slices; ++k) run(k);
-    else
-      run(tid);
+  // Never more threads than the pool allows: the slices are then taken in turn.
+  pool.run(std::min(slices, pool.max_threads()), [&](int tid, int team) {
+    for (int k = tid; k < slices; k += team) run(k);
   });
   for (int64_t d = 0; d < p.D; ++d) {
     reduce<T>(p, dirs[d], hm_all.data() + d * TNH, side.empty() ? nullptr : side.data() + d * TNH);
@@ -170,31 +168,15 @@ void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const
   }
 }
 
-// Runs f(dirs[d]) for every direction, the second one on its own thread when the work
-// is large enough to pay for it (about a million multiply-adds).
+// Runs f(dirs[d]) for every direction, the two of a bidirectional layer on two threads of
+// the pool when it allows two and the work pays for a thread (about a million
+// multiply-adds).
 template <class Dir, class F>
 void for_each_direction(const Problem& p, const Dir* dirs, F&& f) {
   const bool threaded = p.D == 2 && p.T * p.N * p.G * p.H * p.H >= (int64_t(1) << 20);
-  if (!threaded) {
-    for (int64_t d = 0; d < p.D; ++d) f(dirs[d]);
-    return;
-  }
-  std::exception_ptr error;
-  std::thread worker([&] {
-    try {
-      f(dirs[1]);
-    } catch (...) {
-      error = std::current_exception();
-    }
+  ThreadPool::instance().run(threaded ? 2 : 1, [&](int tid, int team) {
+    for (int64_t d = tid; d < p.D; d += team) f(dirs[d]);
   });
-  try {
-    f(dirs[0]);
-  } catch (...) {
-    worker.join();
-    throw;
-  }
-  worker.join();
-  if (error) std::rethrow_exception(error);
 }
 
 template <class Dir>

@@ -104,8 +104,13 @@ std::string blas_info() {
   return "Accelerate";
 #elif defined(RNNCORE_BLAS_OPENBLAS) || defined(RNNCORE_BLAS_SCIPY_OPENBLAS)
   std::string name = RNNCORE_BLAS_NAME;
+#if defined(RNNCORE_BLAS_SCIPY_OPENBLAS)
+  return name + " (" + RNNCORE_OPENBLAS(get_config)() +
+         "; single-threaded calls, rnncore's thread pool splits the work)";
+#else
   return name + " (" + RNNCORE_OPENBLAS(get_config)() + ", " +
          std::to_string(RNNCORE_OPENBLAS(get_num_threads)()) + " threads)";
+#endif
 #else
   return RNNCORE_BLAS_NAME;
 #endif

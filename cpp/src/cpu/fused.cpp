@@ -1,6 +1,7 @@
 // Picks the fused kernels for this CPU and runs them on the thread pool.
 #include "cpu/fused.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -68,10 +69,13 @@ void fused_forward(const detail::Problem& p, const detail::DirectionForward* dir
     if (!ws[d]) throw std::bad_alloc();
   }
   SpinBarrier barriers[2] = {SpinBarrier(per_dir), SpinBarrier(per_dir)};
-  const int want = per_dir * static_cast<int>(p.D);
+  // With one thread per direction there are no barriers, and fewer threads than
+  // directions take the directions in turn.
+  const int want =
+      per_dir == 1 ? std::min(static_cast<int>(p.D), max_threads) : per_dir * static_cast<int>(p.D);
   pool.run(want, [&](int tid, int team) {
-    if (team < want) {  // the pool was busy: everything on this thread
-      for (int64_t d = 0; d < p.D; ++d) k.forward(p, dirs[d], ws[d].get(), nullptr, 0, 1);
+    if (per_dir == 1 || team < want) {
+      for (int64_t d = tid; d < p.D; d += team) k.forward(p, dirs[d], ws[d].get(), nullptr, 0, 1);
       return;
     }
     const int d = tid / per_dir;

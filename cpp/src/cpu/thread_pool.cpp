@@ -1,5 +1,6 @@
 #include "cpu/thread_pool.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -103,6 +104,7 @@ void ThreadPool::worker(int id) {
 }
 
 int ThreadPool::run(int n, const std::function<void(int, int)>& fn) {
+  n = std::min(n, max_threads());
   if (n <= 1) {
     fn(0, 1);
     return 1;

@@ -31,7 +31,8 @@ class ThreadPool {
   // Threads a call may use: RNNCORE_NUM_THREADS, set_num_threads, or the usable cores.
   int max_threads() const { return max_threads_.load(); }
   void set_max_threads(int n);
-  // Runs fn(tid) for tid in [0, n) with the caller as tid 0 and returns when all are done.
+  // Runs fn(tid) for tid in [0, n) (n capped at max_threads) with the caller as tid 0 and
+  // returns when all are done.
   // A call that finds the pool busy (another thread of the process is using it) runs with
   // what it is given alone on the caller instead, so nothing waits on anything.
   // Returns the team size actually used; fn must then handle n == 1.
