@@ -1,0 +1,261 @@
+"""The Markdown table and the PNG chart of a benchmark run (from results.json's content)."""
+
+IMPL_ORDER = ("rnncore", "torch", "onnxruntime", "mlx", "numpy")
+
+
+def fmt_ms(seconds):
+    ms = 1e3 * seconds
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    return f"{ms:.3f}"
+
+
+def index(results):
+    """{(config, mode, threads): {impl: record}}, in run order."""
+    rows = {}
+    for r in results["results"]:
+        rows.setdefault((r["config"], r["mode"], r["threads"]), {})[r["impl"]] = r
+    return rows
+
+
+def impls_present(results):
+    seen = {r["impl"] for r in results["results"]}
+    return [name for name in IMPL_ORDER if name in seen]
+
+
+def timed(record):
+    return record is not None and record["status"] in ("ok", "FAILED-CHECK")
+
+
+def cell(record):
+    if record is None or record["status"] == "n/a":
+        return "—"
+    if record["status"] == "error":
+        return "error"
+    text = fmt_ms(record["median_s"]) + ("*" if record.get("disturbed") else "")
+    if record.get("cpu_use", 0) > record["threads"] + 0.3:
+        text += "†"
+    return text if record["status"] == "ok" else f"{text} FAILED-CHECK"
+
+
+def fastest_peer(row):
+    """The fastest peer that passed the check (any timed peer if none passed)."""
+    peers = [r for name, r in row.items() if name != "rnncore" and timed(r)]
+    passed = [r for r in peers if r["status"] == "ok"]
+    candidates = passed or peers
+    return min(candidates, key=lambda r: r["median_s"]) if candidates else None
+
+
+def gemm_peaks(results):
+    return {w["threads"]: w.get("gemm", {}) for w in results["workers"]}
+
+
+def markdown(results):
+    names = impls_present(results)
+    peaks = gemm_peaks(results)
+    dtypes = {c["name"]: c["dtype"] for c in results["configs"]}
+    m, v = results["machine"], results["versions"]
+    lines = [
+        "# rnncore benchmark",
+        "",
+        f"{results['date']} · `{results['command']}` · {results['run']} run, "
+        f"{results['seconds']:.0f} s",
+        "",
+        f"Machine: {m['cpu_model']}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
+        f"{m['platform']}. Versions: "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "matplotlib")
+        + ".",
+        "",
+        "GEMM 2048² peak (best of numpy and torch): "
+        + "; ".join(
+            f"{t} thread(s): SGEMM {p.get('sgemm_peak_gflops', '?')} GFLOP/s, "
+            f"DGEMM {p.get('dgemm_peak_gflops', '?')} GFLOP/s"
+            for t, p in peaks.items()
+        )
+        + ".",
+        "",
+        "## Median time per call (ms)",
+        "",
+        "Training = forward with training on + backward (gradients of input, weights and "
+        "biases). Ratio = rnncore / fastest peer (below 1: rnncore is faster). GFLOP/s counts "
+        "2·T·N·G·H·(I+H) per direction for the forward and 3× that for training; % is of "
+        "the GEMM peak above (SGEMM, or DGEMM for float64) at the same thread count.",
+        "",
+        "| config | mode | threads | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | fastest peer | rnncore / fastest | rnncore GFLOP/s (% peak) |",
+        "|" + "---|" * (3 + len(names) + 3),
+    ]
+    rows = index(results)
+    for (config, mode, threads), row in rows.items():
+        own = row.get("rnncore")
+        best = fastest_peer(row)
+        ratio = (
+            f"{own['median_s'] / best['median_s']:.2f}" if timed(own) and best is not None else "—"
+        )
+        gflops = "—"
+        if timed(own):
+            prefix = "dgemm" if dtypes.get(config) == "float64" else "sgemm"
+            peak = peaks.get(threads, {}).get(f"{prefix}_peak_gflops")
+            share = f" ({100 * own['gflops'] / peak:.0f}%)" if peak else ""
+            gflops = f"{own['gflops']:.1f}{share}"
+        lines.append(
+            f"| {config} | {mode} | {threads} | "
+            + " | ".join(cell(row.get(n)) for n in names)
+            + f" | {best['impl'] if best else '—'} | {ratio} | {gflops} |"
+        )
+
+    thread_counts = sorted({t for (_, _, t) in rows})
+    if len(thread_counts) >= 2:
+        lo, hi = thread_counts[0], thread_counts[-1]
+        lines += [
+            "",
+            f"## {hi} threads vs {lo} thread{'s' if lo > 1 else ''}: speedup "
+            f"(time at {lo} / time at {hi})",
+            "",
+            "| config | mode | " + " | ".join(f"{n}" for n in names) + " |",
+            "|" + "---|" * (2 + len(names)),
+        ]
+        for config, mode in dict.fromkeys((c, mo) for (c, mo, _) in rows):
+            cells = []
+            for n in names:
+                a = rows.get((config, mode, lo), {}).get(n)
+                b = rows.get((config, mode, hi), {}).get(n)
+                cells.append(
+                    f"{a['median_s'] / b['median_s']:.2f}" if timed(a) and timed(b) else "—"
+                )
+            lines.append(f"| {config} | {mode} | " + " | ".join(cells) + " |")
+
+    lines += [
+        "",
+        "## Agreement: largest relative error against the float64 reference",
+        "",
+        f"Reference: {reference_name(results)}; over all thread counts and fields (output, and "
+        "for training the gradients of input, weights, biases). Tolerance: "
+        + ", ".join(f"{k} {val:g}" for k, val in results["settings"]["tolerance"].items())
+        + ".",
+        "",
+        "| config | mode | " + " | ".join(names) + " |",
+        "|" + "---|" * (2 + len(names)),
+    ]
+    worst = {}
+    for r in results["results"]:
+        if "check" in r:
+            key = (r["config"], r["mode"], r["impl"])
+            worst[key] = max(worst.get(key, 0.0), r["check"]["max_rel_err"])
+    for config, mode in dict.fromkeys((c, mo) for (c, mo, _) in rows):
+        cells = [
+            f"{worst[(config, mode, n)]:.1e}" if (config, mode, n) in worst else "—" for n in names
+        ]
+        lines.append(f"| {config} | {mode} | " + " | ".join(cells) + " |")
+
+    lines += ["", "## Notes", ""] + [f"- {note}" for note in notes(results)]
+    return "\n".join(lines) + "\n"
+
+
+def reference_name(results):
+    for w in results["workers"]:
+        if "reference" in w:
+            return w["reference"]
+    return "?"
+
+
+def notes(results):
+    out = [
+        "ONNX Runtime has no training for its RNN/GRU/LSTM operators: inference only. "
+        "The numpy loop is a per-step loop with one GEMM for the input projection, and a "
+        "hand-written BPTT for training.",
+        "Each thread count n ran in its own process with RNNCORE_NUM_THREADS, "
+        "OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set to n, "
+        "torch.set_num_threads(n) and ONNX Runtime intra_op_num_threads = n.",
+    ]
+    if any(r["impl"] == "mlx" for r in results["results"]):
+        out.append("MLX's CPU threads are not set by this script (MLX has no such setting).")
+    builds = {w["rnncore_build"]["sha256"] for w in results["workers"] if "rnncore_build" in w}
+    if len(builds) > 1:
+        out.append(
+            "The thread counts ran different rnncore builds (it was reinstalled during the "
+            "run): compare them with care."
+        )
+    for w in results["workers"]:
+        if w.get("failed") is not None:
+            out.append(f"The {w['threads']}-thread run failed (exit code {w['failed']}).")
+            continue
+        s = w.get("thread_settings", {})
+        if "torch_threads" in s and s["torch_threads"] != w["threads"]:
+            out.append(f"{w['threads']}-thread run: torch reported {s['torch_threads']} threads.")
+        for name, why in w.get("missing_peers", {}).items():
+            out.append(f"{name} not measured: {why}.")
+    over = [r for r in results["results"] if r.get("cpu_use", 0) > r["threads"] + 0.3]
+    if over:
+        out.append(
+            "† used more cores than its thread setting (CPU time / wall time): "
+            + "; ".join(
+                f"{r['impl']} {r['config']} {r['mode']} {r['threads']}t ({r['cpu_use']:.2f})"
+                for r in over
+            )
+            + "."
+        )
+    disturbed = [r for r in results["results"] if r.get("disturbed")]
+    if disturbed:
+        out.append(
+            f"* {len(disturbed)} measurement(s) ran while other processes kept cores busy "
+            "(after retries; see other_cpu in results.json): their times are unreliable."
+        )
+    problems = [r for r in results["results"] if r["status"] in ("error", "FAILED-CHECK")]
+    for r in problems:
+        what = r.get("note") or f"relative error {r['check']['max_rel_err']:.1e}"
+        out.append(f"{r['status']}: {r['impl']} {r['config']} {r['mode']} {r['threads']}t — {what}")
+    return list(dict.fromkeys(out))
+
+
+def chart(results, path):
+    """Grouped bars of median time per configuration, one panel per mode × threads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = impls_present(results)
+    rows = index(results)
+    modes = list(dict.fromkeys(m for (_, m, _) in rows))
+    threads = sorted({t for (_, _, t) in rows})
+    configs = list(dict.fromkeys(c for (c, _, _) in rows))
+    panels = [(mode, t) for mode in modes for t in threads]
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(0.9 * len(configs) + 4, 3.6 * len(panels)), squeeze=False
+    )
+    width = 0.8 / len(names)
+    colors = dict(zip(IMPL_ORDER, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:gray")))
+    for (mode, t), (ax,) in zip(panels, axes):
+        for k, name in enumerate(names):
+            xs, ys, failed = [], [], []
+            for c_idx, config in enumerate(configs):
+                r = rows.get((config, mode, t), {}).get(name)
+                if timed(r):
+                    xs.append(c_idx + (k - (len(names) - 1) / 2) * width)
+                    ys.append(1e3 * r["median_s"])
+                    failed.append(r["status"] != "ok")
+            bars = ax.bar(xs, ys, width, label=name, color=colors[name])
+            for bar, bad in zip(bars, failed):
+                if bad:
+                    bar.set_hatch("xx")
+        ax.set_yscale("log")
+        ax.set_title(f"{mode}, {t} thread{'s' if t > 1 else ''}", fontsize=10)
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels(configs, rotation=25, ha="right", fontsize=8)
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.set_ylabel("median ms per call")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(
+        f"rnncore vs peers — {results['machine']['cpu_model']} "
+        "(hatched: failed the agreement check)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
