@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cpu/activations.hpp"
 #include "cpu/fused.hpp"
@@ -42,13 +43,16 @@ struct Fused {
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
   template <int G, int M>
-  static void tile(const float* A, int64_t lda, int64_t K, const float* Bp, float* out) {
+  static void tile(const float* A, int64_t lda, int64_t K, const float* Bp, float* out,
+                   bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     const vec zero = {};
     vec acc[U][M][G];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < M; ++r)
-        for (int g = 0; g < G; ++g) acc[u][r][g] = zero;
+        for (int g = 0; g < G; ++g)
+          acc[u][r][g] = u == 0 && accumulate ? *reinterpret_cast<const vec*>(out + (r * G + g) * W)
+                                              : zero;
     int64_t k = 0;
     for (; k + U <= K; k += U)
       for (int u = 0; u < U; ++u) {
@@ -75,11 +79,29 @@ struct Fused {
 
   template <int G, int M = rows<G>()>
   static void tile_rows(int m, const float* A, int64_t lda, int64_t K, const float* Bp,
-                        float* out) {
+                        float* out, bool accumulate) {
     if constexpr (M > 1) {
-      if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out);
+      if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out, accumulate);
     }
-    tile<G, M>(A, lda, K, Bp, out);
+    tile<G, M>(A, lda, K, Bp, out, accumulate);
+  }
+
+  // out[n][g][:] = sum_k A[n, k] * panel[k][g][:] for every row n < N. The k loop is
+  // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
+  // passes over it; without the blocking each row tile streams the whole panel from L2.
+  template <int G>
+  static void block_product(const float* A, int64_t lda, int64_t N, int64_t K,
+                            const float* panel, float* out) {
+    constexpr int M = rows<G>();
+    constexpr int64_t KC = std::max<int64_t>(16, 6144 / (G * W));
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K - k0);
+      for (int64_t n0 = 0; n0 < N; n0 += M) {
+        const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
+        tile_rows<G>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W,
+                     k0 > 0);
+      }
+    }
   }
 
   // v[0:W] = f(v[0:W]) in place.
@@ -203,7 +225,7 @@ struct Fused {
   // ---- single-gate RNN ----------------------------------------------------------------
   static void rnn(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
                   int team) {
-    constexpr int G = 1, M = rows<1>();
+    constexpr int G = 1;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
@@ -211,7 +233,7 @@ struct Fused {
     pack<1>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
     init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
     sync(barrier, team);
-    alignas(64) float t[M * G * W];
+    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
@@ -219,18 +241,14 @@ struct Fused {
       float* z = a.z ? static_cast<float*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        for (int64_t n0 = 0; n0 < N; n0 += M) {
-          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
-          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
-          for (int r = 0; r < m; ++r) {
-            const int64_t n = n0 + r;
-            float* v = t + r * G * W;
-            const float* xr = x + n * a.xp_ld + u0;
-            for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-            if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * 4);
-            act(p.gate_act[0], v);
-            store_h(a, bf, y, n, u0, wv, v, s, H);
-          }
+        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
+        for (int64_t n = 0; n < N; ++n) {
+          float* v = blk.data() + n * G * W;
+          const float* xr = x + n * a.xp_ld + u0;
+          for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+          if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * 4);
+          act(p.gate_act[0], v);
+          store_h(a, bf, y, n, u0, wv, v, s, H);
         }
       }
       sync(barrier, team);
@@ -240,7 +258,7 @@ struct Fused {
   // ---- LSTM -------------------------------------------------------------------------
   static void lstm(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
                    int team) {
-    constexpr int G = 4, M = rows<4>();
+    constexpr int G = 4;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
@@ -250,7 +268,7 @@ struct Fused {
     sync(barrier, team);
     const float* P = static_cast<const float*>(a.peephole);
     const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
-    alignas(64) float t[M * G * W];
+    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
     alignas(64) float phi[W];
     Rows cprev = a.c0 ? Rows{static_cast<const float*>(a.c0), a.c0_ld} : Rows{bf.zeros, H};
     for (int64_t s = 0; s < T; ++s) {
@@ -263,33 +281,29 @@ struct Fused {
                          : Rows{bf.extra[s & 1], H};
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        for (int64_t n0 = 0; n0 < N; n0 += M) {
-          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
-          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
-          for (int r = 0; r < m; ++r) {
-            const int64_t n = n0 + r;
-            float* v = t + r * G * W;
-            const float* xr = x + n * a.xp_ld + u0;
-            const float* cp = cprev.data + n * cprev.ld + u0;
+        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
+        for (int64_t n = 0; n < N; ++n) {
+          float* v = blk.data() + n * G * W;
+          const float* xr = x + n * a.xp_ld + u0;
+          const float* cp = cprev.data + n * cprev.ld + u0;
+          for (int g = 0; g < G; ++g)
+            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+          if (P)
             for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-            if (P)
-              for (int g = 0; g < G; ++g)
-                for (int64_t w = 0; w < wv; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
-            if (z)
-              for (int g = 0; g < G; ++g)
-                std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
-            for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
-            float* cr = const_cast<float*>(c.data) + n * c.ld + u0;
-            for (int w = 0; w < W; ++w) phi[w] = 0.0f;
-            for (int64_t w = 0; w < wv; ++w) {
-              cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
-              phi[w] = cr[w];
-            }
-            act(p.cell_act, phi);
-            for (int64_t w = 0; w < wv; ++w) phi[w] *= v[oo * W + w];
-            store_h(a, bf, y, n, u0, wv, phi, s, H);
+              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
+          if (z)
+            for (int g = 0; g < G; ++g)
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+          for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
+          float* cr = const_cast<float*>(c.data) + n * c.ld + u0;
+          for (int w = 0; w < W; ++w) phi[w] = 0.0f;
+          for (int64_t w = 0; w < wv; ++w) {
+            cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
+            phi[w] = cr[w];
           }
+          act(p.cell_act, phi);
+          for (int64_t w = 0; w < wv; ++w) phi[w] *= v[oo * W + w];
+          store_h(a, bf, y, n, u0, wv, phi, s, H);
         }
       }
       cprev = {c.data, c.ld};
@@ -315,7 +329,7 @@ struct Fused {
 
   static void gru_after(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
                         int tid, int team) {
-    constexpr int G = 3, M = rows<3>();
+    constexpr int G = 3;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
@@ -326,7 +340,7 @@ struct Fused {
     const float* b2 = static_cast<const float*>(a.b2);
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    alignas(64) float t[M * G * W];
+    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const int64_t tout = time_out(a, s, T);
@@ -335,32 +349,28 @@ struct Fused {
       float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        for (int64_t n0 = 0; n0 < N; n0 += M) {
-          const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
-          tile_rows<G>(m, A.data + n0 * A.ld, A.ld, H, bf.panels + b * H * G * W, t);
-          for (int r = 0; r < m; ++r) {
-            const int64_t n = n0 + r;
-            float* v = t + r * G * W;
-            const float* xr = x + n * a.xp_ld + u0;
-            for (int g = 0; g < 2; ++g)
-              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-            float* q = v + 2 * W;
-            if (b2)
-              for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
-            if (z) {
-              float* zr = z + n * a.z_ld + u0;
-              for (int g = 0; g < 3; ++g)
-                std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * 4);
-              std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * 4);
-            }
-            act(act_z, v + zo * W);
-            act(act_r, v + ro * W);
-            const float* rg = v + ro * W;
-            for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
-            act(act_o, q);
-            blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
-            store_h(a, bf, y, n, u0, wv, q, s, H);
+        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
+        for (int64_t n = 0; n < N; ++n) {
+          float* v = blk.data() + n * G * W;
+          const float* xr = x + n * a.xp_ld + u0;
+          for (int g = 0; g < 2; ++g)
+            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+          float* q = v + 2 * W;
+          if (b2)
+            for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
+          if (z) {
+            float* zr = z + n * a.z_ld + u0;
+            for (int g = 0; g < 3; ++g)
+              std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * 4);
+            std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * 4);
           }
+          act(act_z, v + zo * W);
+          act(act_r, v + ro * W);
+          const float* rg = v + ro * W;
+          for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
+          act(act_o, q);
+          blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
+          store_h(a, bf, y, n, u0, wv, q, s, H);
         }
       }
       sync(barrier, team);
@@ -369,7 +379,6 @@ struct Fused {
 
   static void gru_before(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
                          int tid, int team) {
-    constexpr int M2 = rows<2>(), M1 = rows<1>();
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
@@ -386,7 +395,7 @@ struct Fused {
     float* ubuf = bf.extra[1];  // r ⊙ h̃, the candidate product's left operand
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    alignas(64) float t[8 * 2 * W];
+    std::vector<float> blk(static_cast<size_t>(N * 2 * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const int64_t tout = time_out(a, s, T);
@@ -395,42 +404,34 @@ struct Fused {
       float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        for (int64_t n0 = 0; n0 < N; n0 += M2) {
-          const int m = static_cast<int>(std::min<int64_t>(M2, N - n0));
-          tile_rows<2>(m, A.data + n0 * A.ld, A.ld, H, pzr + b * H * 2 * W, t);
-          for (int r = 0; r < m; ++r) {
-            const int64_t n = n0 + r;
-            float* v = t + r * 2 * W;
-            const float* xr = x + n * a.xp_ld + u0;
+        block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk.data());
+        for (int64_t n = 0; n < N; ++n) {
+          float* v = blk.data() + n * 2 * W;
+          const float* xr = x + n * a.xp_ld + u0;
+          for (int g = 0; g < 2; ++g)
+            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+          if (z)
             for (int g = 0; g < 2; ++g)
-              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-            if (z)
-              for (int g = 0; g < 2; ++g)
-                std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
-            act(act_z, v + zo * W);
-            act(act_r, v + ro * W);
-            std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * 4);
-            const float* hm = A.data + n * A.ld + u0;
-            for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
-          }
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+          act(act_z, v + zo * W);
+          act(act_r, v + ro * W);
+          std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * 4);
+          const float* hm = A.data + n * A.ld + u0;
+          for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
         }
       }
       sync(barrier, team);
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        for (int64_t n0 = 0; n0 < N; n0 += M1) {
-          const int m = static_cast<int>(std::min<int64_t>(M1, N - n0));
-          tile_rows<1>(m, ubuf + n0 * H, H, H, po + b * H * W, t);
-          for (int r = 0; r < m; ++r) {
-            const int64_t n = n0 + r;
-            float* v = t + r * W;
-            const float* xr = x + n * a.xp_ld + 2 * H + u0;
-            for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-            if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * 4);
-            act(act_o, v);
-            blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
-            store_h(a, bf, y, n, u0, wv, v, s, H);
-          }
+        block_product<1>(ubuf, H, N, H, po + b * H * W, blk.data());
+        for (int64_t n = 0; n < N; ++n) {
+          float* v = blk.data() + n * W;
+          const float* xr = x + n * a.xp_ld + 2 * H + u0;
+          for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+          if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * 4);
+          act(act_o, v);
+          blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
+          store_h(a, bf, y, n, u0, wv, v, s, H);
         }
       }
       sync(barrier, team);
@@ -450,22 +451,18 @@ struct Fused {
 
   static void matmul(const float* A, int64_t lda, int64_t M, int64_t K, const float* packed,
                      int64_t n, float* C, int64_t ldc, bool accumulate) {
-    constexpr int MR = rows<1>();
-    alignas(64) float t[MR * W];
+    std::vector<float> blk(static_cast<size_t>(M * W));
     const int64_t nb = (n + W - 1) / W;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
-      for (int64_t m0 = 0; m0 < M; m0 += MR) {
-        const int m = static_cast<int>(std::min<int64_t>(MR, M - m0));
-        tile_rows<1>(m, A + m0 * lda, lda, K, packed + b * K * W, t);
-        for (int r = 0; r < m; ++r) {
-          float* c = C + (m0 + r) * ldc + j0;
-          const float* v = t + r * W;
-          if (accumulate)
-            for (int64_t w = 0; w < wv; ++w) c[w] += v[w];
-          else
-            for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
-        }
+      block_product<1>(A, lda, M, K, packed + b * K * W, blk.data());
+      for (int64_t r = 0; r < M; ++r) {
+        float* c = C + r * ldc + j0;
+        const float* v = blk.data() + r * W;
+        if (accumulate)
+          for (int64_t w = 0; w < wv; ++w) c[w] += v[w];
+        else
+          for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
       }
     }
   }
