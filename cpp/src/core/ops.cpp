@@ -30,6 +30,28 @@ void broadcast_mask(const TensorView& m, int64_t N, int64_t DH, T* out) {
       out[n * DH + j] = src[(rows == 1 ? 0 : n) * cols + (cols == 1 ? 0 : j)];
 }
 
+// The mask broadcast to [N, D*H] (the contract's first step for a mask), or nothing.
+Tensor broadcast_mask(const Problem& p, const std::optional<TensorView>& m, Backend& be) {
+  if (!p.has_mask) return Tensor();
+  Tensor out = be.allocate({p.N, p.dh()}, p.dtype);
+  if (p.dtype == DType::Float32)
+    broadcast_mask(*m, p.N, p.dh(), out.ptr<float>());
+  else
+    broadcast_mask(*m, p.N, p.dh(), out.ptr<double>());
+  return out;
+}
+
+// Pointers `elems` elements into an array of the problem's dtype; null stays null.
+struct Offset {
+  int64_t es;
+  const void* operator()(const void* base, int64_t elems) const {
+    return base ? static_cast<const char*>(base) + elems * es : nullptr;
+  }
+  void* operator()(std::optional<Tensor>& t, int64_t elems) const {
+    return t ? static_cast<char*>(t->data()) + elems * es : nullptr;
+  }
+};
+
 // Everything the wrapper needs from the inputs, independent of the op.
 struct CommonInputs {
   const TensorView* source;
@@ -65,21 +87,8 @@ Outputs run_forward(const Problem& p, const CommonInputs& in, Backend& be) {
     be.project(p, in.source->data, p.I, in.input_weight, in.bias, xbuf.data());
     xp = xbuf.data();
   }
-  Tensor mask;
-  if (p.has_mask) {
-    mask = be.allocate({N, DH}, p.dtype);
-    if (p.dtype == DType::Float32)
-      broadcast_mask(**in.mask, N, DH, mask.ptr<float>());
-    else
-      broadcast_mask(**in.mask, N, DH, mask.ptr<double>());
-  }
-
-  auto off = [es](const void* base, int64_t elems) -> const void* {
-    return base ? static_cast<const char*>(base) + elems * es : nullptr;
-  };
-  auto moff = [es](std::optional<Tensor>& t, int64_t elems) -> void* {
-    return t ? static_cast<char*>(t->data()) + elems * es : nullptr;
-  };
+  Tensor mask = broadcast_mask(p, *in.mask, be);
+  const Offset off{es}, moff{es};
   DirectionForward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionForward& a = dirs[d];
@@ -155,23 +164,10 @@ GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& 
   if (p.has_init_state) g.init_state = be.allocate({N, DH}, p.dtype);
   if (p.has_init_cell) g.init_cell = be.allocate({N, DH}, p.dtype);
 
-  Tensor mask;
-  if (p.has_mask) {
-    mask = be.allocate({N, DH}, p.dtype);
-    if (p.dtype == DType::Float32)
-      broadcast_mask(**in.fwd.mask, N, DH, mask.ptr<float>());
-    else
-      broadcast_mask(**in.fwd.mask, N, DH, mask.ptr<double>());
-  }
+  Tensor mask = broadcast_mask(p, *in.fwd.mask, be);
   // dX' of every step; without an input weight it is the source gradient itself.
   Tensor dxp = be.allocate({T, N, dgh}, p.dtype);
-
-  auto off = [es](const void* base, int64_t elems) -> const void* {
-    return base ? static_cast<const char*>(base) + elems * es : nullptr;
-  };
-  auto moff = [es](std::optional<Tensor>& t, int64_t elems) -> void* {
-    return t ? static_cast<char*>(t->data()) + elems * es : nullptr;
-  };
+  const Offset off{es}, moff{es};
   DirectionBackward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionBackward& a = dirs[d];
