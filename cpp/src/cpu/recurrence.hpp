@@ -65,11 +65,12 @@ Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int6
   return {out, H};
 }
 
-// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS.
+// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS (split over
+// the pool when the pool is free; inside a pool thread it runs on that thread).
 template <class T>
 void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_t rows, T* acc,
                        int64_t acc_ld) {
-  gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
+  parallel_gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
 }
 
 // The state entering step s of a backward pass, from forward outputs (at output time).
@@ -147,7 +148,7 @@ void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B,
   if constexpr (std::is_same_v<T, float>) {
     if (packed) return fused_kernels().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
   }
-  gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
+  parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 
 template <class T>

@@ -51,7 +51,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
   int team_ = 0;
-  uint64_t job_id_ = 0;
+  std::atomic<uint64_t> job_id_{0};
   std::atomic<int> remaining_{0};
   bool stop_ = false;
   std::exception_ptr error_;
