@@ -177,17 +177,8 @@ std::string signature(const char* cls) {
     if (f.flag)
       s += std::string(": bool = ") + (def.*f.flag ? "True" : "False");
     else
-      s += std::string(": Activation | int = Activation.") +
-           [](Activation a) {
-             switch (a) {
-               case Activation::None: return "NONE";
-               case Activation::Relu: return "RELU";
-               case Activation::Tanh: return "TANH";
-               case Activation::Sigmoid: return "SIGMOID";
-               case Activation::HardSigmoid: return "HARD_SIGMOID";
-             }
-             return "?";
-           }(def.*f.act);
+      // Stub convention for a non-literal default; the docstring names the value.
+      s += ": Activation | int = ...";
   }
   (void)cls;
   return s + ") -> None";
@@ -205,9 +196,25 @@ const char* act_enum_name(Activation a) {
 }
 
 template <class D>
+std::string repr_of(const char* cls, const D& d) {
+  std::string s = std::string(cls) + "(";
+  bool first = true;
+  for (const auto& f : fields<D>()) {
+    if (!first) s += ", ";
+    first = false;
+    s += std::string(f.name) + "=";
+    s += f.flag ? (d.*f.flag ? "True" : "False")
+                : std::string("Activation.") + act_enum_name(d.*f.act);
+  }
+  return s + ")";
+}
+
+template <class D>
 void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
   static const std::string sig = signature<D>(cls);
-  nb::class_<D> c(m, cls, doc);
+  static const std::string full_doc =
+      std::string(doc) + "\n\nMPSGraph's defaults: " + repr_of(cls, D{}) + ".";
+  nb::class_<D> c(m, cls, full_doc.c_str());
   c.def(
       "__init__",
       [cls](D* self, nb::kwargs kw) {
@@ -252,18 +259,7 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       },
       "other"_a.none());
   c.attr("__hash__") = nb::none();  // mutable
-  c.def("__repr__", [cls](const D& d) {
-    std::string s = std::string(cls) + "(";
-    bool first = true;
-    for (const auto& f : fields<D>()) {
-      if (!first) s += ", ";
-      first = false;
-      s += std::string(f.name) + "=";
-      s += f.flag ? (d.*f.flag ? "True" : "False")
-                  : std::string("Activation.") + act_enum_name(d.*f.act);
-    }
-    return s + ")";
-  });
+  c.def("__repr__", [cls](const D& d) { return repr_of(cls, d); });
   c.def("__copy__", [](const D& d) { return D(d); });
   c.def("__deepcopy__", [](const D& d, nb::handle) { return D(d); }, "memo"_a);
   c.def("__getstate__", [](const D& d) {
