@@ -27,10 +27,8 @@ inline T hard_sigmoid(T x) {
 // out[j] = f(in[j]) for j < n; in and out may alias.
 template <class T>
 void activate(Activation a, const T* in, T* out, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (a == Activation::Sigmoid) return vmath::sigmoid(in, out, n);
-    if (a == Activation::Tanh) return vmath::tanh(in, out, n);
-  }
+  if (a == Activation::Sigmoid) return vmath::sigmoid(in, out, n);
+  if (a == Activation::Tanh) return vmath::tanh(in, out, n);
   switch (a) {
     case Activation::None:
       if (in != out)
@@ -55,10 +53,8 @@ void activate(Activation a, const T* in, T* out, int64_t n) {
 // contract's table; hard_sigmoid's slope is 0.2 on the closed interval |x| <= 2.5).
 template <class T>
 void activate_grad(Activation a, const T* x, T* f, T* df, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (a == Activation::Sigmoid) return vmath::sigmoid_grad(x, f, df, n);
-    if (a == Activation::Tanh) return vmath::tanh_grad(x, f, df, n);
-  }
+  if (a == Activation::Sigmoid) return vmath::sigmoid_grad(x, f, df, n);
+  if (a == Activation::Tanh) return vmath::tanh_grad(x, f, df, n);
   switch (a) {
     case Activation::None:
       for (int64_t j = 0; j < n; ++j) f[j] = x[j], df[j] = T(1);

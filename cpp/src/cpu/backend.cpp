@@ -111,22 +111,21 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
   std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0,
                     T(0));
-  // float32: R packed once per direction for the per-step products.
-  std::vector<float> packed[2], packed_o[2];
-  if constexpr (std::is_same_v<T, float>) {
-    if (!blas_path_forced())
-      for (int64_t d = 0; d < p.D; ++d) {
-        const float* R = static_cast<const float*>(dirs[d].R);
-        const bool split = p.op == detail::OpKind::Gru && !p.reset_after;
-        const int64_t K = split ? 2 * H : p.G * H;
-        packed[d].resize(static_cast<size_t>(packed_columns_size(K, H)));
-        fused_kernels().pack_columns(R, K, H, packed[d].data());
-        if (split) {
-          packed_o[d].resize(static_cast<size_t>(packed_columns_size(H, H)));
-          fused_kernels().pack_columns(R + 2 * H * H, H, H, packed_o[d].data());
-        }
+  // R packed once per direction for the per-step products.
+  std::vector<T> packed[2], packed_o[2];
+  if (!blas_path_forced())
+    for (int64_t d = 0; d < p.D; ++d) {
+      const T* R = static_cast<const T*>(dirs[d].R);
+      const bool split = p.op == detail::OpKind::Gru && !p.reset_after;
+      const int64_t K = split ? 2 * H : p.G * H;
+      const auto& ops = fused_kernels().ops<T>();
+      packed[d].resize(static_cast<size_t>(packed_columns_size<T>(K, H)));
+      ops.pack_columns(R, K, H, packed[d].data());
+      if (split) {
+        packed_o[d].resize(static_cast<size_t>(packed_columns_size<T>(H, H)));
+        ops.pack_columns(R + 2 * H * H, H, H, packed_o[d].data());
       }
-  }
+    }
   auto run = [&](int k) {
     const int d = k / per_dir, part = k % per_dir;
     const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
@@ -207,7 +206,7 @@ class CpuBackend final : public detail::Backend {
   }
 
   void forward(const Problem& p, const DirectionForward* dirs) override {
-    if (p.dtype == DType::Float32 && !blas_path_forced())
+    if (!blas_path_forced())
       fused_forward(p, dirs);
     else
       run_all(p, dirs);

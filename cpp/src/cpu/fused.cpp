@@ -36,7 +36,7 @@ FusedKernels select() {
 }
 
 struct AlignedFree {
-  void operator()(float* p) const { std::free(p); }
+  void operator()(void* p) const { std::free(p); }
 };
 
 }  // namespace
@@ -46,13 +46,9 @@ const FusedKernels& fused_kernels() {
   return k;
 }
 
-int64_t packed_columns_size(int64_t K, int64_t n) {
-  const int64_t w = fused_kernels().width;
-  return (n + w - 1) / w * w * K;
-}
-
-void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs) {
-  const FusedKernels& k = fused_kernels();
+template <class T>
+void fused_forward_impl(const detail::Problem& p, const detail::DirectionForward* dirs) {
+  const FusedOps<T>& k = fused_kernels().ops<T>();
   ThreadPool& pool = ThreadPool::instance();
   const int max_threads = pool.max_threads();
   // A thread must have enough work per step to pay for the barrier (~0.1-0.3 us).
@@ -61,11 +57,11 @@ void fused_forward(const detail::Problem& p, const detail::DirectionForward* dir
   int per_dir = static_cast<int>(std::min<int64_t>(macs / 65536 + 1, nb));
   per_dir = std::max(1, std::min(per_dir, std::max(1, max_threads / static_cast<int>(p.D))));
 
-  const int64_t ws_floats = k.workspace(p);
-  std::unique_ptr<float, AlignedFree> ws[2];
+  const int64_t ws_elems = k.workspace(p);
+  std::unique_ptr<T, AlignedFree> ws[2];
   for (int64_t d = 0; d < p.D; ++d) {
-    const size_t bytes = static_cast<size_t>((ws_floats * 4 + 63) / 64 * 64);
-    ws[d].reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    const size_t bytes = static_cast<size_t>((ws_elems * int64_t(sizeof(T)) + 63) / 64 * 64);
+    ws[d].reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!ws[d]) throw std::bad_alloc();
   }
   SpinBarrier barriers[2] = {SpinBarrier(per_dir), SpinBarrier(per_dir)};
@@ -81,6 +77,13 @@ void fused_forward(const detail::Problem& p, const detail::DirectionForward* dir
     const int d = tid / per_dir;
     k.forward(p, dirs[d], ws[d].get(), &barriers[d], tid % per_dir, per_dir);
   });
+}
+
+void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs) {
+  if (p.dtype == DType::Float32)
+    fused_forward_impl<float>(p, dirs);
+  else
+    fused_forward_impl<double>(p, dirs);
 }
 
 }  // namespace rnncore::cpu

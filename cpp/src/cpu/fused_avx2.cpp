@@ -1,11 +1,17 @@
-// The fused kernels for avx2 (vector width 8); see fused_kernels.hpp.
+// The fused kernels for avx2 (8 floats or 4 doubles a vector); see fused_kernels.hpp.
 #include "cpu/fused_kernels.hpp"
 
 namespace rnncore::cpu {
+namespace {
 
-FusedKernels fused_kernels_avx2() {
-  return {8, "avx2", &Fused<8>::forward, &Fused<8>::workspace,
-          &Fused<8>::pack_columns, &Fused<8>::matmul};
+template <class T, int W>
+FusedOps<T> ops() {
+  using F = Fused<T, W>;
+  return {W, &F::forward, &F::workspace, &F::pack_columns, &F::matmul};
 }
+
+}  // namespace
+
+FusedKernels fused_kernels_avx2() { return {"avx2", ops<float, 8>(), ops<double, 4>()}; }
 
 }  // namespace rnncore::cpu

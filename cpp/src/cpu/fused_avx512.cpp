@@ -1,11 +1,17 @@
-// The fused kernels for avx512 (vector width 16); see fused_kernels.hpp.
+// The fused kernels for avx512 (16 floats or 8 doubles a vector); see fused_kernels.hpp.
 #include "cpu/fused_kernels.hpp"
 
 namespace rnncore::cpu {
+namespace {
 
-FusedKernels fused_kernels_avx512() {
-  return {16, "avx512", &Fused<16>::forward, &Fused<16>::workspace,
-          &Fused<16>::pack_columns, &Fused<16>::matmul};
+template <class T, int W>
+FusedOps<T> ops() {
+  using F = Fused<T, W>;
+  return {W, &F::forward, &F::workspace, &F::pack_columns, &F::matmul};
 }
+
+}  // namespace
+
+FusedKernels fused_kernels_avx512() { return {"avx512", ops<float, 16>(), ops<double, 8>()}; }
 
 }  // namespace rnncore::cpu

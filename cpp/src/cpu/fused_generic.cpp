@@ -1,11 +1,17 @@
-// The fused kernels for generic (vector width 4); see fused_kernels.hpp.
+// The fused kernels for generic (4 floats or 2 doubles a vector); see fused_kernels.hpp.
 #include "cpu/fused_kernels.hpp"
 
 namespace rnncore::cpu {
+namespace {
 
-FusedKernels fused_kernels_generic() {
-  return {4, "generic", &Fused<4>::forward, &Fused<4>::workspace,
-          &Fused<4>::pack_columns, &Fused<4>::matmul};
+template <class T, int W>
+FusedOps<T> ops() {
+  using F = Fused<T, W>;
+  return {W, &F::forward, &F::workspace, &F::pack_columns, &F::matmul};
 }
+
+}  // namespace
+
+FusedKernels fused_kernels_generic() { return {"generic", ops<float, 4>(), ops<double, 2>()}; }
 
 }  // namespace rnncore::cpu

@@ -1,5 +1,5 @@
-// The fused float32 forward recurrences, written once for a vector width W and compiled
-// once per instruction set (fused_avx512.cpp, fused_avx2.cpp, fused_generic.cpp).
+// The fused forward recurrences, written once for a scalar type and a vector width W and
+// compiled once per instruction set (fused_avx512.cpp, fused_avx2.cpp, fused_generic.cpp).
 //
 // Per step and direction the work is acc[N, G*H] = h̃[N, H] R^T plus the gate math. R is
 // packed once per call into panels of W hidden units: panel b holds, for every k, the G
@@ -25,9 +25,9 @@ namespace rnncore::cpu {
 // can never hand code built for one ISA to another.
 namespace {
 
-template <int W>
-struct Fused {
-  typedef float vec __attribute__((vector_size(W * 4), aligned(4), may_alias));
+template <class S, int W>
+struct Fused {  // S: the scalar type
+  typedef S vec __attribute__((vector_size(W * sizeof(S)), aligned(sizeof(S)), may_alias));
   static constexpr int kRegs = W >= 16 ? 32 : 16;
   // Rows per tile: as many accumulators as the register file holds beside the G vectors
   // of R and one broadcast (one more and the compiler spills accumulators to the stack).
@@ -43,7 +43,7 @@ struct Fused {
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
   template <int G, int M>
-  static void tile(const float* A, int64_t lda, int64_t K, const float* Bp, float* out,
+  static void tile(const S* A, int64_t lda, int64_t K, const S* Bp, S* out,
                    bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     const vec zero = {};
@@ -60,13 +60,13 @@ struct Fused {
         for (int g = 0; g < G; ++g)
           b[g] = *reinterpret_cast<const vec*>(Bp + ((k + u) * G + g) * W);
         for (int r = 0; r < M; ++r) {
-          const float a = A[r * lda + k + u];
+          const S a = A[r * lda + k + u];
           for (int g = 0; g < G; ++g) acc[u][r][g] += a * b[g];
         }
       }
     for (; k < K; ++k)
       for (int r = 0; r < M; ++r) {
-        const float a = A[r * lda + k];
+        const S a = A[r * lda + k];
         for (int g = 0; g < G; ++g) acc[0][r][g] += a * *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
       }
     for (int r = 0; r < M; ++r)
@@ -78,8 +78,8 @@ struct Fused {
   }
 
   template <int G, int M = rows<G>()>
-  static void tile_rows(int m, const float* A, int64_t lda, int64_t K, const float* Bp,
-                        float* out, bool accumulate) {
+  static void tile_rows(int m, const S* A, int64_t lda, int64_t K, const S* Bp,
+                        S* out, bool accumulate) {
     if constexpr (M > 1) {
       if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out, accumulate);
     }
@@ -90,10 +90,10 @@ struct Fused {
   // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
   // passes over it; without the blocking each row tile streams the whole panel from L2.
   template <int G>
-  static void block_product(const float* A, int64_t lda, int64_t N, int64_t K,
-                            const float* panel, float* out) {
+  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K,
+                            const S* panel, S* out) {
     constexpr int M = rows<G>();
-    constexpr int64_t KC = std::max<int64_t>(16, 6144 / (G * W));
+    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(S))));
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - k0);
       for (int64_t n0 = 0; n0 < N; n0 += M) {
@@ -105,11 +105,11 @@ struct Fused {
   }
 
   // v[0:W] = f(v[0:W]) in place.
-  static void act(Activation a, float* v) {
+  static void act(Activation a, S* v) {
     switch (a) {
       case Activation::None: break;
       case Activation::Relu:
-        for (int w = 0; w < W; ++w) v[w] = v[w] > 0.0f ? v[w] : 0.0f;
+        for (int w = 0; w < W; ++w) v[w] = v[w] > S(0) ? v[w] : S(0);
         break;
       case Activation::Tanh:
         for (int w = 0; w < W; ++w) v[w] = vmath::tanh(v[w]);
@@ -119,8 +119,8 @@ struct Fused {
         break;
       case Activation::HardSigmoid:
         for (int w = 0; w < W; ++w) {
-          const float h = 0.2f * v[w] + 0.5f;
-          v[w] = h < 0.0f ? 0.0f : (h > 1.0f ? 1.0f : h);
+          const S h = S(0.2) * v[w] + S(0.5);
+          v[w] = h < S(0) ? S(0) : (h > S(1) ? S(1) : h);
         }
         break;
     }
@@ -128,15 +128,15 @@ struct Fused {
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
   template <int G>
-  static void pack(const float* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
-                   float* Bp) {
+  static void pack(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
+                   S* Bp) {
     for (int64_t b = b0; b < b1; ++b) {
-      float* panel = Bp + b * H * G * W;
+      S* panel = Bp + b * H * G * W;
       for (int g = 0; g < G; ++g)
         for (int w = 0; w < W; ++w) {
           const int64_t u = b * W + w;
-          const float* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
-          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : 0.0f;
+          const S* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
+          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : S(0);
         }
     }
   }
@@ -152,7 +152,7 @@ struct Fused {
     if (team > 1) barrier->wait();
   }
 
-  // Workspace (floats): packed panels, two masked-state buffers, zeros, and per-op extras.
+  // Workspace (elements): packed panels, two masked-state buffers, zeros, and per-op extras.
   static int64_t workspace(const Problem& p) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
     return nb * p.H * p.G * W + 5 * NH + 64;
@@ -160,16 +160,16 @@ struct Fused {
 
   // Shared per-direction state of a call.
   struct Buffers {
-    float* panels;
-    float* hm[2];  // h̃ of the step about to run (masked state), double-buffered
-    float* zeros;
-    float* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
+    S* panels;
+    S* hm[2];  // h̃ of the step about to run (masked state), double-buffered
+    S* zeros;
+    S* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
   };
-  static Buffers buffers(const Problem& p, float* ws) {
+  static Buffers buffers(const Problem& p, S* ws) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
     Buffers b;
     b.panels = ws;
-    float* q = ws + nb * p.H * p.G * W;
+    S* q = ws + nb * p.H * p.G * W;
     b.hm[0] = q;
     b.hm[1] = q + NH;
     b.zeros = q + 2 * NH;
@@ -179,40 +179,40 @@ struct Fused {
   }
 
   struct Rows {
-    const float* data;
+    const S* data;
     int64_t ld;
   };
 
   // Sets up the units [u0, u1) of this thread for step 0: zeros, and h̃[0] when masked.
   static void init_units(const Problem& p, const Dir& a, const Buffers& bf, int64_t u0,
                          int64_t u1) {
-    const float* h0 = static_cast<const float*>(a.h0);
-    const float* m = static_cast<const float*>(a.mask);
+    const S* h0 = static_cast<const S*>(a.h0);
+    const S* m = static_cast<const S*>(a.mask);
     for (int64_t n = 0; n < p.N; ++n)
       for (int64_t u = u0; u < u1; ++u) {
-        bf.zeros[n * p.H + u] = 0.0f;
-        if (m) bf.hm[0][n * p.H + u] = (h0 ? h0[n * a.h0_ld + u] : 0.0f) * m[n * a.mask_ld + u];
+        bf.zeros[n * p.H + u] = S(0);
+        if (m) bf.hm[0][n * p.H + u] = (h0 ? h0[n * a.h0_ld + u] : S(0)) * m[n * a.mask_ld + u];
       }
   }
 
   // The state entering step s (unmasked), and the product's left operand h̃.
   static Rows prev_state(const Problem& p, const Dir& a, const Buffers& bf, int64_t s) {
     if (s == 0)
-      return a.h0 ? Rows{static_cast<const float*>(a.h0), a.h0_ld} : Rows{bf.zeros, p.H};
+      return a.h0 ? Rows{static_cast<const S*>(a.h0), a.h0_ld} : Rows{bf.zeros, p.H};
     const int64_t t = a.flip_out ? p.T - s : s - 1;
-    return {static_cast<const float*>(a.y) + t * p.N * a.y_ld, a.y_ld};
+    return {static_cast<const S*>(a.y) + t * p.N * a.y_ld, a.y_ld};
   }
   static Rows operand(const Dir& a, const Buffers& bf, Rows hprev, int64_t s, int64_t H) {
     return a.mask ? Rows{bf.hm[s & 1], H} : hprev;
   }
 
   // Stores h for units [u0, u0 + wv) of row n, and h ⊙ m for the next step.
-  static void store_h(const Dir& a, const Buffers& bf, float* y, int64_t n, int64_t u0,
-                      int64_t wv, const float* h, int64_t s, int64_t H) {
-    std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * 4);
+  static void store_h(const Dir& a, const Buffers& bf, S* y, int64_t n, int64_t u0,
+                      int64_t wv, const S* h, int64_t s, int64_t H) {
+    std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * sizeof(S));
     if (a.mask) {
-      const float* m = static_cast<const float*>(a.mask) + n * a.mask_ld + u0;
-      float* out = bf.hm[(s + 1) & 1] + n * H + u0;
+      const S* m = static_cast<const S*>(a.mask) + n * a.mask_ld + u0;
+      S* out = bf.hm[(s + 1) & 1] + n * H + u0;
       for (int64_t w = 0; w < wv; ++w) out[w] = h[w] * m[w];
     }
   }
@@ -223,30 +223,30 @@ struct Fused {
   }
 
   // ---- single-gate RNN ----------------------------------------------------------------
-  static void rnn(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+  static void rnn(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
                   int team) {
     constexpr int G = 1;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
     static constexpr int gates[1] = {0};
-    pack<1>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    pack<1>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
     init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
     sync(barrier, team);
-    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
+    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      float* y = static_cast<float*>(a.y) + time_out(a, s, T) * N * a.y_ld;
-      float* z = a.z ? static_cast<float*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
+      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      S* y = static_cast<S*>(a.y) + time_out(a, s, T) * N * a.y_ld;
+      S* z = a.z ? static_cast<S*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
         for (int64_t n = 0; n < N; ++n) {
-          float* v = blk.data() + n * G * W;
-          const float* xr = x + n * a.xp_ld + u0;
+          S* v = blk.data() + n * G * W;
+          const S* xr = x + n * a.xp_ld + u0;
           for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-          if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * 4);
+          if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * sizeof(S));
           act(p.gate_act[0], v);
           store_h(a, bf, y, n, u0, wv, v, s, H);
         }
@@ -256,36 +256,36 @@ struct Fused {
   }
 
   // ---- LSTM -------------------------------------------------------------------------
-  static void lstm(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+  static void lstm(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
                    int team) {
     constexpr int G = 4;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
     static constexpr int gates[4] = {0, 1, 2, 3};
-    pack<4>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    pack<4>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
     init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
     sync(barrier, team);
-    const float* P = static_cast<const float*>(a.peephole);
+    const S* P = static_cast<const S*>(a.peephole);
     const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
-    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
-    alignas(64) float phi[W];
-    Rows cprev = a.c0 ? Rows{static_cast<const float*>(a.c0), a.c0_ld} : Rows{bf.zeros, H};
+    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
+    alignas(64) S phi[W];
+    Rows cprev = a.c0 ? Rows{static_cast<const S*>(a.c0), a.c0_ld} : Rows{bf.zeros, H};
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const int64_t tout = time_out(a, s, T);
-      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
-      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
-      const Rows c = a.c ? Rows{static_cast<float*>(a.c) + tout * N * a.c_ld, a.c_ld}
+      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+      const Rows c = a.c ? Rows{static_cast<S*>(a.c) + tout * N * a.c_ld, a.c_ld}
                          : Rows{bf.extra[s & 1], H};
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
         for (int64_t n = 0; n < N; ++n) {
-          float* v = blk.data() + n * G * W;
-          const float* xr = x + n * a.xp_ld + u0;
-          const float* cp = cprev.data + n * cprev.ld + u0;
+          S* v = blk.data() + n * G * W;
+          const S* xr = x + n * a.xp_ld + u0;
+          const S* cp = cprev.data + n * cprev.ld + u0;
           for (int g = 0; g < G; ++g)
             for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
           if (P)
@@ -293,10 +293,10 @@ struct Fused {
               for (int64_t w = 0; w < wv; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
           if (z)
             for (int g = 0; g < G; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * sizeof(S));
           for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
-          float* cr = const_cast<float*>(c.data) + n * c.ld + u0;
-          for (int w = 0; w < W; ++w) phi[w] = 0.0f;
+          S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
+          for (int w = 0; w < W; ++w) phi[w] = S(0);
           for (int64_t w = 0; w < wv; ++w) {
             cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
             phi[w] = cr[w];
@@ -312,7 +312,7 @@ struct Fused {
   }
 
   // ---- GRU ----------------------------------------------------------------------------
-  static void gru(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+  static void gru(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
                   int team) {
     if (p.reset_after)
       gru_after(p, a, ws, barrier, tid, team);
@@ -320,53 +320,53 @@ struct Fused {
       gru_before(p, a, ws, barrier, tid, team);
   }
 
-  static void blend(const Problem& p, const float* zg, const float* hp, float* o, int64_t wv) {
+  static void blend(const Problem& p, const S* zg, const S* hp, S* o, int64_t wv) {
     if (p.flip_z)
-      for (int64_t w = 0; w < wv; ++w) o[w] = (1.0f - zg[w]) * hp[w] + zg[w] * o[w];
+      for (int64_t w = 0; w < wv; ++w) o[w] = (S(1) - zg[w]) * hp[w] + zg[w] * o[w];
     else
-      for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (1.0f - zg[w]) * o[w];
+      for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (S(1) - zg[w]) * o[w];
   }
 
-  static void gru_after(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
+  static void gru_after(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier,
                         int tid, int team) {
     constexpr int G = 3;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
     static constexpr int gates[3] = {0, 1, 2};
-    pack<3>(static_cast<const float*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
+    pack<3>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
     init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
     sync(barrier, team);
-    const float* b2 = static_cast<const float*>(a.b2);
+    const S* b2 = static_cast<const S*>(a.b2);
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    std::vector<float> blk(static_cast<size_t>(N * G * W));  // this thread's products
+    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const int64_t tout = time_out(a, s, T);
-      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
-      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
+      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
         for (int64_t n = 0; n < N; ++n) {
-          float* v = blk.data() + n * G * W;
-          const float* xr = x + n * a.xp_ld + u0;
+          S* v = blk.data() + n * G * W;
+          const S* xr = x + n * a.xp_ld + u0;
           for (int g = 0; g < 2; ++g)
             for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-          float* q = v + 2 * W;
+          S* q = v + 2 * W;
           if (b2)
             for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
           if (z) {
-            float* zr = z + n * a.z_ld + u0;
+            S* zr = z + n * a.z_ld + u0;
             for (int g = 0; g < 3; ++g)
-              std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * 4);
-            std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * 4);
+              std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
+            std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * sizeof(S));
           }
           act(act_z, v + zo * W);
           act(act_r, v + ro * W);
-          const float* rg = v + ro * W;
+          const S* rg = v + ro * W;
           for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
           act(act_o, q);
           blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
@@ -377,46 +377,46 @@ struct Fused {
     }
   }
 
-  static void gru_before(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier,
+  static void gru_before(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier,
                          int tid, int team) {
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
     // Panels of the z and r rows first, then those of the candidate rows.
-    float* pzr = bf.panels;
-    float* po = bf.panels + nb * H * 2 * W;
+    S* pzr = bf.panels;
+    S* po = bf.panels + nb * H * 2 * W;
     static constexpr int zr_gates[2] = {0, 1};
     static constexpr int o_gates[1] = {2};
-    pack<2>(static_cast<const float*>(a.R), H, zr_gates, sp.b0, sp.b1, pzr);
-    pack<1>(static_cast<const float*>(a.R), H, o_gates, sp.b0, sp.b1, po);
+    pack<2>(static_cast<const S*>(a.R), H, zr_gates, sp.b0, sp.b1, pzr);
+    pack<1>(static_cast<const S*>(a.R), H, o_gates, sp.b0, sp.b1, po);
     init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
     sync(barrier, team);
-    float* zbuf = bf.extra[0];  // z of this step, [N, H]
-    float* ubuf = bf.extra[1];  // r ⊙ h̃, the candidate product's left operand
+    S* zbuf = bf.extra[0];  // z of this step, [N, H]
+    S* ubuf = bf.extra[1];  // r ⊙ h̃, the candidate product's left operand
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    std::vector<float> blk(static_cast<size_t>(N * 2 * W));  // this thread's products
+    std::vector<S> blk(static_cast<size_t>(N * 2 * W));  // this thread's products
     for (int64_t s = 0; s < T; ++s) {
       const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
       const int64_t tout = time_out(a, s, T);
-      const float* x = static_cast<const float*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      float* y = static_cast<float*>(a.y) + tout * N * a.y_ld;
-      float* z = a.z ? static_cast<float*>(a.z) + tout * N * a.z_ld : nullptr;
+      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk.data());
         for (int64_t n = 0; n < N; ++n) {
-          float* v = blk.data() + n * 2 * W;
-          const float* xr = x + n * a.xp_ld + u0;
+          S* v = blk.data() + n * 2 * W;
+          const S* xr = x + n * a.xp_ld + u0;
           for (int g = 0; g < 2; ++g)
             for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
           if (z)
             for (int g = 0; g < 2; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * 4);
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * sizeof(S));
           act(act_z, v + zo * W);
           act(act_r, v + ro * W);
-          std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * 4);
-          const float* hm = A.data + n * A.ld + u0;
+          std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * sizeof(S));
+          const S* hm = A.data + n * A.ld + u0;
           for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
         }
       }
@@ -425,10 +425,10 @@ struct Fused {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<1>(ubuf, H, N, H, po + b * H * W, blk.data());
         for (int64_t n = 0; n < N; ++n) {
-          float* v = blk.data() + n * W;
-          const float* xr = x + n * a.xp_ld + 2 * H + u0;
+          S* v = blk.data() + n * W;
+          const S* xr = x + n * a.xp_ld + 2 * H + u0;
           for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-          if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * 4);
+          if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * sizeof(S));
           act(act_o, v);
           blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
           store_h(a, bf, y, n, u0, wv, v, s, H);
@@ -439,26 +439,26 @@ struct Fused {
   }
 
   // ---- general product with a packed right operand (the backward steps) --------------
-  static void pack_columns(const float* B, int64_t K, int64_t n, float* out) {
+  static void pack_columns(const S* B, int64_t K, int64_t n, S* out) {
     const int64_t nb = (n + W - 1) / W;
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t k = 0; k < K; ++k)
         for (int w = 0; w < W; ++w) {
           const int64_t j = b * W + w;
-          out[(b * K + k) * W + w] = j < n ? B[k * n + j] : 0.0f;
+          out[(b * K + k) * W + w] = j < n ? B[k * n + j] : S(0);
         }
   }
 
-  static void matmul(const float* A, int64_t lda, int64_t M, int64_t K, const float* packed,
-                     int64_t n, float* C, int64_t ldc, bool accumulate) {
-    std::vector<float> blk(static_cast<size_t>(M * W));
+  static void matmul(const S* A, int64_t lda, int64_t M, int64_t K, const S* packed,
+                     int64_t n, S* C, int64_t ldc, bool accumulate) {
+    std::vector<S> blk(static_cast<size_t>(M * W));
     const int64_t nb = (n + W - 1) / W;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
       block_product<1>(A, lda, M, K, packed + b * K * W, blk.data());
       for (int64_t r = 0; r < M; ++r) {
-        float* c = C + r * ldc + j0;
-        const float* v = blk.data() + r * W;
+        S* c = C + r * ldc + j0;
+        const S* v = blk.data() + r * W;
         if (accumulate)
           for (int64_t w = 0; w < wv; ++w) c[w] += v[w];
         else
@@ -467,7 +467,7 @@ struct Fused {
     }
   }
 
-  static void forward(const Problem& p, const Dir& a, float* ws, SpinBarrier* barrier, int tid,
+  static void forward(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
                       int team) {
     switch (p.op) {
       case detail::OpKind::Rnn: return rnn(p, a, ws, barrier, tid, team);

@@ -134,20 +134,19 @@ struct BackwardSlice {
   T* hm_all;  // h̃ (masked previous state) of every step, at input time
   T* side;    // GRU: u = r ⊙ h̃ (reset-before) or δq (reset-after)
   T* dP;      // LSTM: this slice's part of the peephole gradient [4H], zeroed
-  // float32: R packed for the per-step product δa R (null: use BLAS). GRU reset-before
-  // packs its two products separately: packed_R = R[0:2H], packed_Ro = R[2H:3H].
-  const float* packed_R;
-  const float* packed_Ro;
+  // R packed for the per-step product δa R (null: use BLAS). GRU reset-before packs its
+  // two products separately: packed_R = R[0:2H], packed_Ro = R[2H:3H].
+  const T* packed_R;
+  const T* packed_Ro;
 };
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
-// operand was packed (float32), else BLAS.
+// operand was packed, else BLAS.
 template <class T>
-void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B,
-                  const float* packed, int64_t n, T* C, int64_t ldc, bool accumulate) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (packed) return fused_kernels().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
-  }
+void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
+                  int64_t n, T* C, int64_t ldc, bool accumulate) {
+  if (packed)
+    return fused_kernels().ops<T>().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 

@@ -34,4 +34,28 @@ RNNCORE_CLONES void tanh_grad(const float* x, float* y, float* dy, int64_t n) {
   }
 }
 
+RNNCORE_CLONES void sigmoid(const double* x, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = sigmoid(x[j]);
+}
+
+RNNCORE_CLONES void tanh(const double* x, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = tanh(x[j]);
+}
+
+RNNCORE_CLONES void sigmoid_grad(const double* x, double* y, double* dy, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double s = sigmoid(x[j]);
+    y[j] = s;
+    dy[j] = s * (1.0 - s);
+  }
+}
+
+RNNCORE_CLONES void tanh_grad(const double* x, double* y, double* dy, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const double t = tanh(x[j]);
+    y[j] = t;
+    dy[j] = 1.0 - t * t;
+  }
+}
+
 }  // namespace rnncore::cpu::vmath
