@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/activations.hpp"
@@ -282,29 +283,35 @@ struct Fused {  // S: the scalar type
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
-        for (int64_t n = 0; n < N; ++n) {
+        // Full panels (all of them when W divides H) get loops of a constant length.
+        auto row = [&](auto full, int64_t n) {
+          const int64_t L = decltype(full)::value ? int64_t(W) : wv;
           S* v = blk.data() + n * G * W;
           const S* xr = x + n * a.xp_ld + u0;
           const S* cp = cprev.data + n * cprev.ld + u0;
           for (int g = 0; g < G; ++g)
-            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+            for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
           if (P)
             for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < wv; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
+              for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
           if (z)
             for (int g = 0; g < G; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * sizeof(S));
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
           for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
           S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
           for (int w = 0; w < W; ++w) phi[w] = S(0);
-          for (int64_t w = 0; w < wv; ++w) {
+          for (int64_t w = 0; w < L; ++w) {
             cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
             phi[w] = cr[w];
           }
           act(p.cell_act, phi);
-          for (int64_t w = 0; w < wv; ++w) phi[w] *= v[oo * W + w];
-          store_h(a, bf, y, n, u0, wv, phi, s, H);
-        }
+          for (int64_t w = 0; w < L; ++w) phi[w] *= v[oo * W + w];
+          store_h(a, bf, y, n, u0, L, phi, s, H);
+        };
+        if (wv == W)
+          for (int64_t n = 0; n < N; ++n) row(std::true_type{}, n);
+        else
+          for (int64_t n = 0; n < N; ++n) row(std::false_type{}, n);
       }
       cprev = {c.data, c.ld};
       sync(barrier, team);
