@@ -54,6 +54,8 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(Shape shape, DType dtype);
   static Tensor zeros(Shape shape, DType dtype);
+  // Takes shared ownership of storage someone else allocated (a device buffer's contents).
+  static Tensor adopt(std::shared_ptr<void> storage, Shape shape, DType dtype);
 
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

@@ -48,3 +48,15 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
 }
 
 }  // namespace rnncore
+
+namespace rnncore {
+
+Tensor Tensor::adopt(std::shared_ptr<void> storage, Shape shape, DType dtype) {
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+}  // namespace rnncore

@@ -1,0 +1,104 @@
+// The plan layer of the Metal backend: for an op and its shapes, every dispatch (pipeline
+// name and function constants, buffers and byte offsets, setBytes payloads, threadgroup
+// memory, grid) and the workspace it needs. Plain C++: both executors (metal-cpp on
+// Apple, the host emulator everywhere) run the same plans.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/problem.hpp"
+
+namespace rnncore::metal {
+
+// The arrays an op touches. Inputs and outputs are the caller's; the rest is workspace the
+// executor allocates for one call.
+enum class Buffer : uint8_t {
+  Source,
+  InputWeight,
+  RecurrentWeight,
+  Bias,
+  InitState,
+  InitCell,
+  Mask,
+  Peephole,
+  SecondaryBias,
+  State,      // output
+  Cell,       // LSTM cell output
+  ZState,     // training state output
+  Projected,  // workspace: x' = source * W^T + bias
+  CellScratch,  // workspace: LSTM cell when no cell output is returned
+  StepScratch,  // workspace: GRU reset-before per-step z gate and r * h~
+};
+inline constexpr int kBufferCount = 15;
+const char* buffer_name(Buffer b);
+bool is_output(Buffer b);
+bool is_workspace(Buffer b);
+
+struct Binding {
+  uint32_t index;
+  Buffer buffer;
+  int64_t offset;  // bytes
+};
+
+struct BytesArg {
+  uint32_t index;
+  std::vector<uint8_t> data;
+};
+
+struct FunctionConstant {
+  enum class Type : uint8_t { Bool, Int };
+  uint32_t index;
+  Type type;
+  int32_t value;
+};
+
+struct Size3 {
+  uint64_t x = 1, y = 1, z = 1;
+  uint64_t volume() const { return x * y * z; }
+};
+
+struct Dispatch {
+  std::string kernel;  // function name in the metallib
+  std::vector<FunctionConstant> constants;
+  std::vector<Binding> buffers;
+  std::vector<BytesArg> bytes;
+  uint32_t threadgroup_memory = 0;  // bytes at [[threadgroup(0)]], 0 for none
+  Size3 threadgroups;               // grid, in threadgroups
+  Size3 threads;                    // threads per threadgroup
+
+  // Kernel name plus constant values: the key of the pipeline cache.
+  std::string pipeline_key() const;
+};
+
+struct Plan {
+  std::vector<Dispatch> dispatches;
+  // Size in bytes of every buffer the plan reads or writes (0: not used).
+  std::array<int64_t, kBufferCount> sizes{};
+  // Workspace buffers start as NaN in the emulator, so a read of an unwritten element shows.
+  int64_t size(Buffer b) const { return sizes[static_cast<int>(b)]; }
+};
+
+// Limits of the devices the kernels target (Apple GPUs, Metal 3).
+struct Limits {
+  static constexpr uint32_t max_threadgroup_memory = 32 * 1024;
+  static constexpr uint32_t max_threads_per_threadgroup = 1024;
+  static constexpr size_t max_set_bytes = 4 * 1024;
+  static constexpr int64_t buffer_offset_alignment = 4;  // bytes, for float32 arrays
+};
+
+// Shapes of the mask as given (it broadcasts to [N, D*H]); rank -1 when absent.
+struct MaskShape {
+  int64_t rows = 1, cols = 1;
+};
+
+// The dispatches of a forward op (float32). Throws rnncore::ValueError naming the op for
+// shapes the kernels do not support (indices beyond 32 bits).
+Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
+
+// Checks a plan against Limits; throws rnncore::Error describing the first violation.
+void check_limits(const Plan& plan);
+
+}  // namespace rnncore::metal
