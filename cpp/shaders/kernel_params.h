@@ -25,6 +25,8 @@ enum FunctionConstantIndex : int32_t {
   FC_HAS_SECONDARY_BIAS = 14,
   FC_TRAINING = 15,  // write the training state
   FC_FLIP_Z = 16,
+  FC_HAS_CELL = 17,       // LSTM: the cell buffer is bound
+  FC_HAS_WORKSPACE = 18,  // GRU reset-before: the per-step workspace is bound
   FC_ACT_0 = 20,  // activation of the gate block at position 0..3 (ActivationCode)
   FC_ACT_1 = 21,
   FC_ACT_2 = 22,

@@ -7,9 +7,11 @@
 
 namespace rnncore {
 
-enum class Device { Auto, Cpu, Metal };
+// MetalEmulated runs the Metal backend's kernels and plans on the host emulator (a testing
+// device of the Linux and test builds; never picked by Auto).
+enum class Device { Auto, Cpu, Metal, MetalEmulated };
 
-// "cpu", "metal"; Auto resolves through default_device().
+// "cpu", "metal", "metal-emulated"; Auto resolves through default_device().
 const char* device_name(Device d);
 // Parses a device name; "" means Auto. Unknown names throw ValueError.
 Device parse_device(std::string_view name);

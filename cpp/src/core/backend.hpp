@@ -75,10 +75,34 @@ struct DirectionBackward {
   bool flip_out = false;
 };
 
+// The caller's arrays of one forward call as the contract lays them out (directions
+// concatenated; the mask as given, broadcasting to [N, D*H]). Backends that submit a whole
+// op at once (Metal) take these and encode the wrapper's steps in their plan.
+struct ForwardArrays {
+  const void* source = nullptr;
+  const void* input_weight = nullptr;
+  const void* recurrent_weight = nullptr;
+  const void* bias = nullptr;
+  const void* init_state = nullptr;
+  const void* init_cell = nullptr;
+  const void* mask = nullptr;
+  int64_t mask_rows = 1, mask_cols = 1;
+  const void* peephole = nullptr;
+  const void* secondary_bias = nullptr;
+  void* state = nullptr;
+  void* cell = nullptr;
+  void* z_state = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Whole-op forward; returns false for backends driven step by step (the CPU).
+  virtual bool forward_whole(const Problem&, const ForwardArrays&) { return false; }
+  // Whether the backend computes float64 and has the gradient operations.
+  virtual bool computes_float64() const { return true; }
+  virtual bool has_gradients() const { return true; }
   // Memory the backend can compute on and the caller can read.
   virtual Tensor allocate(const Shape& shape, DType dtype) = 0;
   // xp[T*N, D*G*H] = source[T*N, K] * W^T (+ bias); W is null when absent (then K equals
@@ -99,5 +123,8 @@ Backend& cpu_backend();
 // Throws DeviceError when Metal is not built or not usable here.
 Backend& metal_backend();
 bool metal_available();
+// The Metal backend on the host emulator (builds with RNNCORE_METAL_EMULATOR).
+Backend& emulated_backend();
+bool emulator_available();
 
 }  // namespace rnncore::detail

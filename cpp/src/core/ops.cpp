@@ -14,8 +14,23 @@ Backend& backend_for(Device device) {
   if (device == Device::Auto) device = default_device();
   switch (device) {
     case Device::Metal: return metal_backend();
+    case Device::MetalEmulated: return emulated_backend();
     default: return cpu_backend();
   }
+}
+
+// The backend of `device` for problem p, refusing what it cannot compute (api.md: float64
+// on Metal is a TypeError naming both).
+Backend& backend_for(Device device, const Problem& p, bool gradients) {
+  Backend& be = backend_for(device);
+  const std::string op = std::string(op_name(p.op)) + (gradients ? "_gradients" : "");
+  if (p.dtype == DType::Float64 && !be.computes_float64())
+    throw TypeError("[" + op + "] device '" + be.name() + "' computes float32, not float64; " +
+                    "pass float32 arrays or use device='cpu'");
+  if (gradients && !be.has_gradients())
+    throw DeviceError("[" + op + "] device '" + be.name() + "' has no gradient kernels in " +
+                      "this version of rnncore; use device='cpu'");
+  return be;
 }
 
 const void* opt_data(const std::optional<TensorView>& v) { return v ? v->data : nullptr; }
@@ -78,6 +93,18 @@ Outputs run_forward(const Problem& p, const CommonInputs& in, Backend& be) {
   if (p.op == OpKind::Lstm && p.produce_cell) out.cell = be.allocate({T, N, DH}, p.dtype);
   if (p.training) out.z_state = be.allocate({T, N, D * p.ZG * H}, p.dtype);
   if (T == 0 || N == 0 || H == 0) return out;
+
+  ForwardArrays whole{in.source->data, in.input_weight, in.recurrent_weight, in.bias,
+                      in.init_state, in.init_cell, opt_data(*in.mask), 1, 1, in.peephole,
+                      in.secondary_bias, out.state.data(),
+                      out.cell ? out.cell->data() : nullptr,
+                      out.z_state ? out.z_state->data() : nullptr};
+  if (in.mask->has_value()) {
+    const TensorView& m = **in.mask;
+    whole.mask_rows = m.rank() == 2 ? m.shape[0] : 1;
+    whole.mask_cols = m.rank() >= 1 ? m.shape.back() : 1;
+  }
+  if (be.forward_whole(p, whole)) return out;
 
   const int64_t es = dtype_size(p.dtype);
   const void* xp = in.source->data;
@@ -229,7 +256,7 @@ using namespace detail;
 
 RNNResults single_gate_rnn(const RNNInputs& in, const RNNDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, false);
   CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                   opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask,
                   nullptr, nullptr};
@@ -239,7 +266,7 @@ RNNResults single_gate_rnn(const RNNInputs& in, const RNNDescriptor& desc, Devic
 
 LSTMResults lstm(const LSTMInputs& in, const LSTMDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, false);
   CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                   opt_data(in.bias), opt_data(in.init_state), opt_data(in.init_cell),
                   &in.mask, opt_data(in.peephole), nullptr};
@@ -249,7 +276,7 @@ LSTMResults lstm(const LSTMInputs& in, const LSTMDescriptor& desc, Device device
 
 GRUResults gru(const GRUInputs& in, const GRUDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, false);
   CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                   opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask,
                   nullptr, opt_data(in.secondary_bias)};
@@ -264,7 +291,7 @@ namespace rnncore {
 RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& in, const RNNDescriptor& desc,
                                        Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, true);
   static const std::optional<TensorView> none;
   CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                        opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,
@@ -283,7 +310,7 @@ RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& in, const RNNDes
 LSTMGradients lstm_gradients(const LSTMGradientInputs& in, const LSTMDescriptor& desc,
                              Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, true);
   CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                        opt_data(in.bias), opt_data(in.init_state), opt_data(in.init_cell),
                        &in.mask, opt_data(in.peephole), nullptr},
@@ -302,7 +329,7 @@ LSTMGradients lstm_gradients(const LSTMGradientInputs& in, const LSTMDescriptor&
 GRUGradients gru_gradients(const GRUGradientInputs& in, const GRUDescriptor& desc,
                            Device device) {
   const Problem p = validate(in, desc);
-  Backend& be = backend_for(device);
+  Backend& be = backend_for(device, p, true);
   static const std::optional<TensorView> none;
   CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
                        opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,

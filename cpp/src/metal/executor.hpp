@@ -29,6 +29,7 @@ class Executor {
 
 // The metal-cpp executor (Apple builds only). Throws DeviceError when there is no GPU.
 Executor& apple_executor();
+bool apple_gpu_available();
 // The host emulator (builds with RNNCORE_METAL_EMULATOR).
 Executor& emulator_executor();
 

@@ -1,0 +1,75 @@
+// The Metal backend (see backend.hpp): float32, forward ops as one plan each.
+#include "metal/backend.hpp"
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "rnncore/error.hpp"
+
+namespace rnncore::metal {
+namespace {
+
+using detail::Problem;
+
+class MetalBackend final : public detail::Backend {
+ public:
+  explicit MetalBackend(Executor& e) : executor_(e) {}
+  const char* name() const override { return executor_.name(); }
+  bool computes_float64() const override { return false; }
+  bool has_gradients() const override { return false; }
+
+  Tensor allocate(const Shape& shape, DType dtype) override {
+    return executor_.allocate(shape, dtype);
+  }
+
+  bool forward_whole(const Problem& p, const detail::ForwardArrays& a) override {
+    const Plan plan = plan_forward(p, MaskShape{a.mask_rows, a.mask_cols});
+    HostArrays arrays{};
+    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
+    put(Buffer::Source, a.source);
+    put(Buffer::InputWeight, a.input_weight);
+    put(Buffer::RecurrentWeight, a.recurrent_weight);
+    put(Buffer::Bias, a.bias);
+    put(Buffer::InitState, a.init_state);
+    put(Buffer::InitCell, a.init_cell);
+    put(Buffer::Mask, a.mask);
+    put(Buffer::Peephole, a.peephole);
+    put(Buffer::SecondaryBias, a.secondary_bias);
+    put(Buffer::State, a.state);
+    put(Buffer::Cell, a.cell);
+    put(Buffer::ZState, a.z_state);
+    executor_.run(plan, arrays);
+    return true;
+  }
+
+  // The whole-op path above replaces the step-by-step interface.
+  void project(const Problem&, const void*, int64_t, const void*, const void*, void*) override {
+    unreachable();
+  }
+  void forward(const Problem&, const detail::DirectionForward*) override { unreachable(); }
+  void backward(const Problem&, const detail::DirectionBackward*) override { unreachable(); }
+  void input_gradients(const Problem&, const void*, const void*, const void*, void*, void*,
+                       void*) override {
+    unreachable();
+  }
+
+ private:
+  [[noreturn]] void unreachable() const {
+    throw Error(std::string("[") + name() + "] internal error: step-by-step call on a whole-op backend");
+  }
+  Executor& executor_;
+};
+
+}  // namespace
+
+detail::Backend& backend_on(Executor& executor) {
+  static std::mutex mutex;
+  static std::unordered_map<Executor*, std::unique_ptr<MetalBackend>> backends;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& b = backends[&executor];
+  if (!b) b = std::make_unique<MetalBackend>(executor);
+  return *b;
+}
+
+}  // namespace rnncore::metal

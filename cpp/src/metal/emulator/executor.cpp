@@ -1,0 +1,146 @@
+// The host emulator as an Executor: runs a plan's dispatches in order, every threadgroup's
+// threads as fibers (scheduler.cpp) over the kernels compiled from the .metal sources
+// (kernels.cpp). Workspace and threadgroup memory start as NaN, so a kernel that reads what
+// nobody wrote produces NaN instead of a plausible number.
+//
+// RNNCORE_EMULATOR_SCHEDULE=shuffle[:seed] runs the threads of each threadgroup in a random
+// order each round (default: in order); results must not depend on it.
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "metal/emulator/registry.hpp"
+#include "metal/executor.hpp"
+#include "rnncore/error.hpp"
+
+namespace rnncore::metal::emu {
+
+int emulated_kernels_linked();
+
+namespace {
+
+std::vector<ConstantSetter>& setters() {
+  static std::vector<ConstantSetter> s;
+  return s;
+}
+
+std::unordered_map<std::string, KernelAdapter>& kernels() {
+  static std::unordered_map<std::string, KernelAdapter> k;
+  return k;
+}
+
+Schedule schedule_from_env() {
+  Schedule s;
+  const char* env = std::getenv("RNNCORE_EMULATOR_SCHEDULE");
+  if (!env || !*env || std::string(env) == "ordered") return s;
+  const std::string v(env);
+  if (v.rfind("shuffle", 0) != 0)
+    throw ValueError("[metal-emulated] RNNCORE_EMULATOR_SCHEDULE must be 'ordered' or "
+                     "'shuffle[:seed]', not '" + v + "'");
+  s.shuffle = true;
+  if (v.size() > 8 && v[7] == ':') s.seed = std::strtoull(v.c_str() + 8, nullptr, 10);
+  return s;
+}
+
+// Float32 NaN in every 4-byte word.
+void poison(std::vector<float>& v) { std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN()); }
+
+struct GroupContext {
+  KernelAdapter adapter;
+  const KernelArgs* args;
+};
+
+void run_thread(void* ctx, const ThreadIds& ids) {
+  auto* g = static_cast<GroupContext*>(ctx);
+  g->adapter(*g->args, ids);
+}
+
+class EmulatorExecutor final : public Executor {
+ public:
+  const char* name() const override { return "metal-emulated"; }
+
+  Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
+
+  void run(const Plan& plan, const HostArrays& arrays) override {
+    (void)emulated_kernels_linked();
+    check_limits(plan);
+    const Schedule schedule = schedule_from_env();
+    std::vector<float> workspace[kBufferCount];
+    void* base[kBufferCount] = {};
+    for (int b = 0; b < kBufferCount; ++b) {
+      const int64_t bytes = plan.sizes[b];
+      if (bytes <= 0) continue;
+      if (is_workspace(static_cast<Buffer>(b))) {
+        workspace[b].resize(static_cast<size_t>((bytes + 3) / 4));
+        poison(workspace[b]);
+        base[b] = workspace[b].data();
+      } else {
+        if (!arrays[b])
+          throw Error(std::string("[metal-emulated] the plan uses ") +
+                      buffer_name(static_cast<Buffer>(b)) + " but no array was given");
+        base[b] = const_cast<void*>(arrays[b]);
+      }
+    }
+    std::vector<float> tg_memory;
+    for (const Dispatch& d : plan.dispatches) {
+      const KernelAdapter adapter = find_kernel(d.kernel);
+      ConstantValues values;
+      for (const FunctionConstant& c : d.constants) {
+        values.value[c.index] = c.value;
+        values.defined[c.index] = true;
+      }
+      apply_function_constants(values);
+      KernelArgs args;
+      for (const Binding& b : d.buffers)
+        args.buffers[b.index] = static_cast<char*>(base[static_cast<int>(b.buffer)]) + b.offset;
+      for (const BytesArg& b : d.bytes) args.bytes[b.index] = b.data.data();
+      tg_memory.resize(d.threadgroup_memory / 4);
+      args.threadgroup_memory = d.threadgroup_memory ? tg_memory.data() : nullptr;
+      GroupContext ctx{adapter, &args};
+      for (uint64_t z = 0; z < d.threadgroups.z; ++z)
+        for (uint64_t y = 0; y < d.threadgroups.y; ++y)
+          for (uint64_t x = 0; x < d.threadgroups.x; ++x) {
+            poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
+            run_threadgroup(d.kernel, d.threads, {uint32_t(x), uint32_t(y), uint32_t(z)},
+                            schedule, &run_thread, &ctx);
+          }
+    }
+  }
+};
+
+}  // namespace
+
+bool register_function_constant(ConstantSetter setter) {
+  setters().push_back(setter);
+  return true;
+}
+
+void apply_function_constants(const ConstantValues& values) {
+  for (ConstantSetter s : setters()) s(values);
+}
+
+bool register_kernel(const char* name, KernelAdapter adapter) {
+  kernels()[name] = adapter;
+  return true;
+}
+
+KernelAdapter find_kernel(const std::string& name) {
+  const auto it = kernels().find(name);
+  if (it == kernels().end())
+    throw DeviceError("[metal-emulated] no kernel named '" + name + "'");
+  return it->second;
+}
+
+}  // namespace rnncore::metal::emu
+
+namespace rnncore::metal {
+
+Executor& emulator_executor() {
+  static emu::EmulatorExecutor e;
+  return e;
+}
+
+}  // namespace rnncore::metal

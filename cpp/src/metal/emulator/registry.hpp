@@ -1,0 +1,88 @@
+// What the emulator's executor and the kernels compiled through shim.hpp share: the kernel
+// registry, function-constant values, argument tables and the adapters that call a kernel
+// with its parameter list. No Metal keywords here (the executor includes it too).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "kernel_params.h"
+#include "metal/emulator/scheduler.hpp"
+
+namespace rnncore::metal::emu {
+
+// Function constants of the dispatch being run, by index (the shader's FC_* values).
+struct ConstantValues {
+  int32_t value[64] = {};
+  bool defined[64] = {};
+  int32_t get(int32_t index) const { return value[index]; }
+};
+using ConstantSetter = void (*)(const ConstantValues&);
+bool register_function_constant(ConstantSetter setter);
+void apply_function_constants(const ConstantValues& values);
+
+// What an adapter hands a kernel: buffer and setBytes arguments by index.
+struct KernelArgs {
+  void* buffers[32] = {};
+  const void* bytes[32] = {};
+  void* threadgroup_memory = nullptr;
+};
+using KernelAdapter = void (*)(const KernelArgs& args, const ThreadIds& ids);
+bool register_kernel(const char* name, KernelAdapter adapter);
+KernelAdapter find_kernel(const std::string& name);
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+// What reading an inactive lane yields: NaN for floating point, a marker for integers.
+template <class T>
+T poison() {
+  if constexpr (std::is_floating_point_v<T>)
+    return std::numeric_limits<T>::quiet_NaN();
+  else
+    return static_cast<T>(0x5EADBEEF);
+}
+
+}  // namespace rnncore::metal::emu
+
+// ---- adapters: from the executor's argument table to a kernel's parameter list ----------
+namespace rnncore::metal::emu {
+
+template <class T, class Kernel>
+void step_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+  using namespace rnncore::kernels;
+  const auto in = [&](int i) { return static_cast<const T*>(a.buffers[i]); };
+  const auto out = [&](int i) { return static_cast<T*>(a.buffers[i]); };
+  kernel(in(SB_XP), in(SB_R), in(SB_H0), in(SB_C0), in(SB_MASK), in(SB_PEEPHOLE), in(SB_B2),
+         out(SB_Y), out(SB_C), out(SB_Z), out(SB_WS),
+         *static_cast<const StepParams*>(a.bytes[SB_PARAMS]), id.tgid, id.sg, id.lane);
+}
+
+template <class T, class Kernel>
+void projection_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+  using namespace rnncore::kernels;
+  kernel(static_cast<const T*>(a.buffers[PB_X]), static_cast<const T*>(a.buffers[PB_W]),
+         static_cast<const T*>(a.buffers[PB_BIAS]), static_cast<T*>(a.buffers[PB_Y]),
+         *static_cast<const ProjectionParams*>(a.bytes[PB_PARAMS]),
+         static_cast<float*>(a.threadgroup_memory), id.tgid, id.tid);
+}
+
+}  // namespace rnncore::metal::emu
+
+using rnncore::metal::emu::projection_adapter;
+using rnncore::metal::emu::step_adapter;
+

@@ -1,0 +1,112 @@
+// Compiles Metal Shading Language kernels as C++ for the host emulator: address-space
+// qualifiers vanish (constant becomes const), the builtins the kernels use map onto the
+// fiber scheduler, and function constants become per-thread globals that the executor
+// sets before each dispatch. Include it, then the .metal sources; the conventions the
+// kernels follow for this to be faithful are in cpp/shaders/README.md.
+#pragma once
+
+#include "metal/emulator/registry.hpp"
+
+// ---- Metal Shading Language surface -------------------------------------------------------
+#define kernel
+#define device
+#define thread
+#define threadgroup
+#define constant const
+
+namespace metal {
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+
+using std::exp;
+using std::fabs;
+using std::fma;
+using std::fmax;
+using std::fmin;
+using std::tanh;
+using uint = uint32_t;
+using ushort = uint16_t;
+using uint3 = rnncore::metal::emu::uint3;
+
+template <class T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <class T>
+inline T max(T a, T b) {
+  return a < b ? b : a;
+}
+template <class T>
+inline T clamp(T x, T lo, T hi) {
+  return min(max(x, lo), hi);
+}
+
+// noinline: the return address identifies the call site, so threads waiting at different
+// barriers are told apart.
+[[gnu::noinline]] inline void threadgroup_barrier(mem_flags) {
+  rnncore::metal::emu::barrier(__builtin_return_address(0));
+}
+
+[[gnu::noinline]] inline rnncore::metal::emu::SimdView simd_exchange(uint64_t bits) {
+  return rnncore::metal::emu::simd_collective(bits, __builtin_return_address(0));
+}
+
+// Sums over the active lanes (lane order; the GPU's tree order may round differently).
+template <class T>
+T simd_sum(T v) {
+  using namespace rnncore::metal::emu;
+  const SimdView s = simd_exchange(to_bits(v));
+  T r = T(0);
+  for (uint32_t l = 0; l < kSimdWidth; ++l)
+    if (s.active >> l & 1) r += from_bits<T>(s.slots[l]);
+  return r;
+}
+
+template <class T>
+T simd_max(T v) {
+  using namespace rnncore::metal::emu;
+  const SimdView s = simd_exchange(to_bits(v));
+  T r = v;
+  for (uint32_t l = 0; l < kSimdWidth; ++l)
+    if (s.active >> l & 1) r = max(r, from_bits<T>(s.slots[l]));
+  return r;
+}
+
+template <class T>
+T simd_shuffle(T v, ushort lane) {
+  using namespace rnncore::metal::emu;
+  const SimdView s = simd_exchange(to_bits(v));
+  return lane < kSimdWidth && (s.active >> lane & 1) ? from_bits<T>(s.slots[lane]) : poison<T>();
+}
+
+template <class T>
+T simd_broadcast(T v, ushort lane) {
+  return simd_shuffle(v, lane);
+}
+
+template <class T>
+T simd_shuffle_down(T v, ushort delta) {
+  using namespace rnncore::metal::emu;
+  const SimdView s = simd_exchange(to_bits(v));
+  const uint32_t src = s.lane + delta;
+  return src < kSimdWidth && (s.active >> src & 1) ? from_bits<T>(s.slots[src]) : poison<T>();
+}
+}  // namespace metal
+
+using namespace metal;
+
+// A program-scope function constant: a per-thread global, set by the executor for each
+// dispatch through the setter registered here.
+#define FUNCTION_CONSTANT(type, name, index)                                           \
+  static thread_local type name{};                                                     \
+  static const bool name##_registered_ = ::rnncore::metal::emu::register_function_constant( \
+      [](const ::rnncore::metal::emu::ConstantValues& v) { name = static_cast<type>(v.get(index)); });
+
+// One block per threadgroup, handed to every thread of it by the adapter.
+#define THREADGROUP_BUFFER(type, name, index) type* name
+
+// Kernel registration, one adapter per kernel signature (see common.h).
+#define REGISTER_KERNEL(adapter, name)                                                      \
+  static const bool name##_kernel_registered_ = ::rnncore::metal::emu::register_kernel( \
+      #name, [](const ::rnncore::metal::emu::KernelArgs& a,                                 \
+                const ::rnncore::metal::emu::ThreadIds& id) { adapter(name, a, id); });
+
