@@ -33,9 +33,17 @@ from cases import (
     skip_unsupported,
     training_forward,
 )
+from util import gradient_devices
 
 import rnncore
 from rnncore import reference
+
+
+@pytest.fixture(params=gradient_devices())
+def device(request):
+    """Overrides conftest's device: only devices with gradient kernels."""
+    return request.param
+
 
 T_, N_, I_, H_ = 4, 3, 5, 6
 

@@ -210,7 +210,9 @@ void check_limits(const Plan& plan) {
       if (b.offset % Limits::buffer_offset_alignment != 0)
         throw Error(where + "offset " + std::to_string(b.offset) + " of " + buffer_name(b.buffer) +
                     " is not " + std::to_string(Limits::buffer_offset_alignment) + "-byte aligned");
-      if (plan.size(b.buffer) <= 0 || b.offset >= plan.size(b.buffer))
+      // An empty array (I = 0) is bound at offset 0; the executor puts a placeholder there.
+      const bool empty_ok = plan.size(b.buffer) == 0 && b.offset == 0;
+      if (!empty_ok && b.offset >= plan.size(b.buffer))
         throw Error(where + "binds " + buffer_name(b.buffer) + " at offset " +
                     std::to_string(b.offset) + " but the plan gives it " +
                     std::to_string(plan.size(b.buffer)) + " bytes");

@@ -75,7 +75,8 @@ struct Dispatch {
 
 struct Plan {
   std::vector<Dispatch> dispatches;
-  // Size in bytes of every buffer the plan reads or writes (0: not used).
+  // Size in bytes of every buffer the plan reads or writes (0: not used, or an empty array
+  // such as a source with I = 0: bound, never read; executors bind a placeholder).
   std::array<int64_t, kBufferCount> sizes{};
   // Workspace buffers start as NaN in the emulator, so a read of an unwritten element shows.
   int64_t size(Buffer b) const { return sizes[static_cast<int>(b)]; }
