@@ -41,12 +41,12 @@ DeviceError no_gpu() {
 
 // metal-cpp hands out autoreleased objects (strings, errors, command buffers); a pool per
 // entry point frees them even when we leave by an exception.
-class AutoreleasePool {
+class ScopedPool {
  public:
-  AutoreleasePool() : pool_(NS::AutoreleasePool::alloc()->init()) {}
-  ~AutoreleasePool() { pool_->release(); }
-  AutoreleasePool(const AutoreleasePool&) = delete;
-  AutoreleasePool& operator=(const AutoreleasePool&) = delete;
+  ScopedPool() : pool_(NS::AutoreleasePool::alloc()->init()) {}
+  ~ScopedPool() { pool_->release(); }
+  ScopedPool(const ScopedPool&) = delete;
+  ScopedPool& operator=(const ScopedPool&) = delete;
 
  private:
   NS::AutoreleasePool* pool_;
@@ -93,12 +93,14 @@ struct Bound {
 class AppleExecutor final : public Executor {
  public:
   AppleExecutor() : page_size_(static_cast<uint64_t>(sysconf(_SC_PAGESIZE))) {
-    AutoreleasePool pool;
+    ScopedPool pool;
     device_ = NS::TransferPtr(MTL::CreateSystemDefaultDevice());
     if (!device_) throw no_gpu();
     library_ = load_library(device_.get());
     queue_ = NS::TransferPtr(device_->newCommandQueue());
     if (!queue_) throw DeviceError("[metal] could not create a Metal command queue");
+    placeholder_ = NS::TransferPtr(device_->newBuffer(16, MTL::ResourceStorageModePrivate));
+    if (!placeholder_) throw DeviceError("[metal] could not allocate GPU memory");
     max_threadgroup_memory_ = device_->maxThreadgroupMemoryLength();
   }
 
@@ -128,7 +130,8 @@ class AppleExecutor final : public Executor {
 
   void run(const Plan& plan, const HostArrays& arrays) override {
     if (plan.dispatches.empty()) return;
-    AutoreleasePool pool;
+    check_limits(plan);
+    ScopedPool pool;
 
     // Everything that can throw happens before encoding: an encoder abandoned without
     // endEncoding is a Metal error of its own.
@@ -142,10 +145,6 @@ class AppleExecutor final : public Executor {
     for (const Dispatch& d : plan.dispatches) {
       MTL::ComputePipelineState* pipeline = pipeline_for(d);
       check_dispatch(d, pipeline);
-      for (const Binding& b : d.buffers)
-        if (!bound[static_cast<int>(b.buffer)].buffer)
-          throw DeviceError(std::string("[metal] kernel '") + d.kernel + "' binds buffer " +
-                            buffer_name(b.buffer) + ", which the plan does not size");
       pipelines.push_back(pipeline);
     }
 
@@ -159,8 +158,10 @@ class AppleExecutor final : public Executor {
       const Dispatch& d = plan.dispatches[k];
       encoder->setComputePipelineState(pipelines[k]);
       for (const Binding& b : d.buffers) {
+        // An empty array (size 0) is bound but never read: the placeholder stands in.
         const Bound& x = bound[static_cast<int>(b.buffer)];
-        encoder->setBuffer(x.buffer.get(), x.offset + static_cast<uint64_t>(b.offset), b.index);
+        MTL::Buffer* buffer = x.buffer ? x.buffer.get() : placeholder_.get();
+        encoder->setBuffer(buffer, x.offset + static_cast<uint64_t>(b.offset), b.index);
       }
       for (const BytesArg& a : d.bytes) encoder->setBytes(a.data.data(), a.data.size(), a.index);
       if (d.threadgroup_memory > 0)
@@ -303,6 +304,7 @@ class AppleExecutor final : public Executor {
   NS::SharedPtr<MTL::Device> device_;
   NS::SharedPtr<MTL::Library> library_;
   NS::SharedPtr<MTL::CommandQueue> queue_;
+  NS::SharedPtr<MTL::Buffer> placeholder_;
   uint64_t page_size_;  // 16 KiB on Apple silicon
   uint64_t max_threadgroup_memory_ = 0;
 
@@ -319,7 +321,7 @@ class AppleExecutor final : public Executor {
 
 bool apple_gpu_available() {
   static const bool available = [] {
-    AutoreleasePool pool;
+    ScopedPool pool;
     MTL::Device* device = MTL::CreateSystemDefaultDevice();
     const bool found = device != nullptr;
     if (found) device->release();

@@ -1,0 +1,66 @@
+// Kernels that exercise the host emulator itself (tests/cpp/test_emulator.cpp): a correct
+// use of threadgroup memory, the same without its barrier, barriers that some threads skip
+// or reach at different call sites, simdgroup reductions and shuffles over partial
+// simdgroups, and a simd operation in divergent control flow. Valid Metal.
+#include "common.h"
+
+#define SELFTEST_PARAMS                                                          \
+  device float *data [[buffer(0)]], THREADGROUP_BUFFER(float, shared, 0),        \
+      uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]], \
+      uint3 tptg [[threads_per_threadgroup]]
+
+// out[i] = in[i] + in[(i + 1) % n] through threadgroup memory.
+kernel void selftest_neighbour_sum(SELFTEST_PARAMS) {
+  const uint n = tptg.x;
+  shared[tid] = data[tid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  data[tid] = shared[tid] + shared[(tid + 1) % n];
+}
+
+// The same with the barrier missing: a race on the GPU, wrong in the emulator.
+kernel void selftest_neighbour_sum_no_barrier(SELFTEST_PARAMS) {
+  const uint n = tptg.x;
+  shared[tid] = data[tid];
+  data[tid] = shared[tid] + shared[(tid + 1) % n];
+}
+
+// Only the first half of the threadgroup reaches the barrier.
+kernel void selftest_divergent_barrier(SELFTEST_PARAMS) {
+  if (tid < tptg.x / 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  data[tid] = 1.0f;
+}
+
+// Odd and even threads wait at different barriers (different work around each, so the
+// compiler cannot merge the two calls).
+kernel void selftest_different_barriers(SELFTEST_PARAMS) {
+  if (tid % 2 == 1) {
+    shared[tid] = 1.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    data[tid] = shared[tid - 1];
+  } else {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    data[tid] = 2.0f * data[tid];
+  }
+}
+
+// Each lane gets the sum over its simdgroup's active lanes.
+kernel void selftest_simd_sum(SELFTEST_PARAMS) { data[tid] = simd_sum(data[tid]); }
+
+// Each lane reads the value of lane + 8; past the active lanes that is undefined.
+kernel void selftest_simd_shuffle_down(SELFTEST_PARAMS) {
+  data[tid] = simd_shuffle_down(data[tid], ushort(8));
+}
+
+// Half the lanes of a simdgroup call simd_sum: undefined on the GPU.
+kernel void selftest_divergent_simd(SELFTEST_PARAMS) {
+  if (lane < 16) data[tid] = simd_sum(data[tid]);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum)
+REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum_no_barrier)
+REGISTER_KERNEL(selftest_adapter, selftest_divergent_barrier)
+REGISTER_KERNEL(selftest_adapter, selftest_different_barriers)
+REGISTER_KERNEL(selftest_adapter, selftest_simd_sum)
+REGISTER_KERNEL(selftest_adapter, selftest_simd_shuffle_down)
+REGISTER_KERNEL(selftest_adapter, selftest_divergent_simd)

@@ -1,0 +1,214 @@
+// The Metal plan layer, checked without running anything: which dispatches an op gets,
+// their grids, bindings and offsets, the setBytes payloads, the memory limits, and the
+// clear error for shapes the kernels cannot index.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/problem.hpp"
+#include "kernel_params.h"
+#include "metal/plan.hpp"
+#include "rnncore/error.hpp"
+
+namespace {
+
+using namespace rnncore;
+using namespace rnncore::metal;
+using detail::OpKind;
+using detail::Problem;
+namespace k = rnncore::kernels;
+
+Problem problem(OpKind op, int64_t T, int64_t N, int64_t I, int64_t H, int64_t D = 1) {
+  Problem p;
+  p.op = op;
+  p.T = T, p.N = N, p.I = I, p.H = H, p.D = D;
+  p.G = op == OpKind::Lstm ? 4 : op == OpKind::Gru ? 3 : 1;
+  p.ZG = p.G;
+  p.has_input_weight = true;
+  p.gate_act = {Activation::Sigmoid, Activation::Sigmoid, Activation::Tanh, Activation::Sigmoid};
+  return p;
+}
+
+k::StepParams step_params(const Dispatch& d) {
+  EXPECT_EQ(d.bytes.size(), 1u);
+  EXPECT_EQ(d.bytes[0].index, uint32_t(k::SB_PARAMS));
+  EXPECT_EQ(d.bytes[0].data.size(), sizeof(k::StepParams));
+  k::StepParams s;
+  std::memcpy(&s, d.bytes[0].data.data(), sizeof s);
+  return s;
+}
+
+const Binding* find(const Dispatch& d, uint32_t index) {
+  for (const Binding& b : d.buffers)
+    if (b.index == index) return &b;
+  return nullptr;
+}
+
+int32_t constant(const Dispatch& d, uint32_t index) {
+  for (const FunctionConstant& c : d.constants)
+    if (c.index == index) return c.value;
+  ADD_FAILURE() << "constant " << index << " not set for " << d.kernel;
+  return -1;
+}
+
+TEST(Plan, TinyGruResetBeforeTakesTwoDispatchesPerStep) {
+  Problem p = problem(OpKind::Gru, 1, 1, 1, 1);
+  const Plan plan = plan_forward(p, {});
+  ASSERT_EQ(plan.dispatches.size(), 3u);  // projection, gates, candidate
+  EXPECT_EQ(plan.dispatches[0].kernel, "projection_f32");
+  EXPECT_EQ(plan.dispatches[1].kernel, "gru_gates_b1_f32");
+  EXPECT_EQ(plan.dispatches[2].kernel, "gru_candidate_b1_f32");
+  for (size_t i = 1; i < 3; ++i) {
+    const Dispatch& d = plan.dispatches[i];
+    EXPECT_EQ(d.threadgroups.x, 1u);
+    EXPECT_EQ(d.threadgroups.y, 1u);
+    EXPECT_EQ(d.threadgroups.z, 1u);
+    EXPECT_EQ(d.threads.x, uint64_t(k::STEP_SIMDGROUPS * k::SIMD_WIDTH));
+    EXPECT_EQ(find(d, k::SB_WS)->buffer, Buffer::StepScratch);
+    EXPECT_EQ(constant(d, k::FC_HAS_WORKSPACE), 1);
+  }
+  EXPECT_EQ(plan.size(Buffer::StepScratch), 2 * 1 * 1 * 4);
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(Plan, LargeBidirectionalLstm) {
+  Problem p = problem(OpKind::Lstm, 50, 128, 1024, 1024, 2);
+  p.training = true;
+  p.has_bias = true;
+  const Plan plan = plan_forward(p, {});
+  ASSERT_EQ(plan.dispatches.size(), 51u);
+  const Dispatch& proj = plan.dispatches[0];
+  EXPECT_EQ(proj.threadgroups.x, uint64_t(2 * 4 * 1024 / 64));
+  EXPECT_EQ(proj.threadgroups.y, uint64_t(50 * 128 / 64));
+  EXPECT_EQ(proj.threadgroup_memory, uint32_t((64 + 64) * 16 * 4));
+  EXPECT_LE(proj.threadgroup_memory, Limits::max_threadgroup_memory);
+  const Dispatch& s = plan.dispatches[7];
+  EXPECT_EQ(s.kernel, "lstm_step_b8_f32");
+  EXPECT_EQ(s.threadgroups.x, 256u);
+  EXPECT_EQ(s.threadgroups.y, 16u);
+  EXPECT_EQ(s.threadgroups.z, 2u);
+  const k::StepParams sp = step_params(s);
+  EXPECT_EQ(sp.step, 6);
+  EXPECT_EQ(sp.xp_ld, 2 * 4 * 1024);
+  EXPECT_EQ(sp.y_ld, 2 * 1024);
+  EXPECT_EQ(sp.z_ld, 2 * 4 * 1024);
+  EXPECT_EQ(sp.reverse, 0);
+  // No cell output requested: the cell lives in workspace of the output's size.
+  EXPECT_EQ(find(s, k::SB_C)->buffer, Buffer::CellScratch);
+  EXPECT_EQ(plan.size(Buffer::CellScratch), 50 * 128 * 2 * 1024 * 4);
+  EXPECT_EQ(plan.size(Buffer::Projected), int64_t(50) * 128 * 2 * 4 * 1024 * 4);
+  for (const Dispatch& d : plan.dispatches)
+    for (const Binding& b : d.buffers) EXPECT_EQ(b.offset % Limits::buffer_offset_alignment, 0);
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(Plan, BatchTileCoversTheBatch) {
+  const std::pair<int64_t, const char*> cases[] = {
+      {1, "_b1_"}, {2, "_b2_"}, {3, "_b4_"}, {4, "_b4_"}, {5, "_b8_"}, {67, "_b8_"}};
+  for (const auto& [N, tile] : cases) {
+    const Plan plan = plan_forward(problem(OpKind::Rnn, 2, N, 3, 31), {});
+    const Dispatch& d = plan.dispatches.back();
+    EXPECT_NE(d.kernel.find(tile), std::string::npos) << N << " " << d.kernel;
+    const uint64_t nb = std::stoul(d.kernel.substr(d.kernel.find("_b") + 2));
+    EXPECT_GE(d.threadgroups.y * nb, uint64_t(N));
+    EXPECT_LT((d.threadgroups.y - 1) * nb, uint64_t(N));
+    EXPECT_EQ(d.threadgroups.x, 8u);  // ceil(31 / 4)
+  }
+}
+
+TEST(Plan, NoProjectionWithoutWeightAndBias) {
+  Problem p = problem(OpKind::Gru, 3, 2, 0, 5);
+  p.has_input_weight = false;
+  p.reset_after = true;
+  p.ZG = 4;
+  const Plan plan = plan_forward(p, {});
+  ASSERT_EQ(plan.dispatches.size(), 3u);
+  EXPECT_EQ(plan.dispatches[0].kernel, "gru_step_b2_f32");
+  EXPECT_EQ(find(plan.dispatches[0], k::SB_XP)->buffer, Buffer::Source);
+  EXPECT_EQ(plan.size(Buffer::Source), 3 * 2 * 15 * 4);
+  EXPECT_EQ(plan.size(Buffer::Projected), 0);
+}
+
+TEST(Plan, ReverseAndMaskBroadcastStrides) {
+  Problem p = problem(OpKind::Rnn, 4, 3, 2, 6);
+  p.reverse = true;
+  p.has_mask = true;
+  EXPECT_EQ(step_params(plan_forward(p, {1, 6}).dispatches.back()).reverse, 1);
+  const k::StepParams row = step_params(plan_forward(p, {1, 6}).dispatches.back());
+  EXPECT_EQ(row.mask_rs, 0);
+  EXPECT_EQ(row.mask_cs, 1);
+  const k::StepParams col = step_params(plan_forward(p, {3, 1}).dispatches.back());
+  EXPECT_EQ(col.mask_rs, 1);
+  EXPECT_EQ(col.mask_cs, 0);
+  const k::StepParams full = step_params(plan_forward(p, {3, 6}).dispatches.back());
+  EXPECT_EQ(full.mask_rs, 6);
+  EXPECT_EQ(full.mask_cs, 1);
+  p.D = 2;  // reverse is the unidirectional option only
+  EXPECT_EQ(step_params(plan_forward(p, {3, 12}).dispatches.back()).reverse, 0);
+}
+
+TEST(Plan, FunctionConstantsFollowTheDescriptor) {
+  Problem p = problem(OpKind::Lstm, 2, 2, 2, 2);
+  p.lstm_i = 1, p.lstm_f = 0, p.lstm_z = 3, p.lstm_o = 2;
+  p.gate_act = {Activation::HardSigmoid, Activation::Relu, Activation::None, Activation::Tanh};
+  p.cell_act = Activation::Sigmoid;
+  p.has_peephole = true;
+  p.has_init_cell = true;
+  const Plan plan = plan_forward(p, {});
+  const Dispatch& d = plan.dispatches.back();
+  EXPECT_EQ(constant(d, k::FC_GATE_A), 1);
+  EXPECT_EQ(constant(d, k::FC_GATE_B), 0);
+  EXPECT_EQ(constant(d, k::FC_GATE_C), 3);
+  EXPECT_EQ(constant(d, k::FC_GATE_D), 2);
+  EXPECT_EQ(constant(d, k::FC_ACT_0), k::ACT_HARD_SIGMOID);
+  EXPECT_EQ(constant(d, k::FC_ACT_1), k::ACT_RELU);
+  EXPECT_EQ(constant(d, k::FC_ACT_2), k::ACT_NONE);
+  EXPECT_EQ(constant(d, k::FC_ACT_3), k::ACT_TANH);
+  EXPECT_EQ(constant(d, k::FC_CELL_ACT), k::ACT_SIGMOID);
+  EXPECT_EQ(constant(d, k::FC_HAS_PEEPHOLE), 1);
+  EXPECT_EQ(constant(d, k::FC_HAS_INIT_CELL), 1);
+  EXPECT_EQ(find(d, k::SB_PEEPHOLE)->buffer, Buffer::Peephole);
+  EXPECT_EQ(find(d, k::SB_C0)->buffer, Buffer::InitCell);
+  // Different constants, different pipelines.
+  Problem q = p;
+  q.has_peephole = false;
+  EXPECT_NE(d.pipeline_key(), plan_forward(q, {}).dispatches.back().pipeline_key());
+}
+
+TEST(Plan, ShapesBeyondThirtyTwoBitIndexingAreRefused) {
+  Problem p = problem(OpKind::Lstm, 100000, 1000, 64, 8);
+  try {
+    plan_forward(p, {});
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("[lstm] device 'metal'", 0), 0u) << m;
+    EXPECT_NE(m.find("6400000000 elements"), std::string::npos) << m;
+    EXPECT_NE(m.find("2147483647"), std::string::npos) << m;
+  }
+}
+
+TEST(Plan, LimitViolationsAreReported) {
+  const Plan good = plan_forward(problem(OpKind::Rnn, 2, 2, 2, 2), {});
+  Plan p = good;
+  p.dispatches[0].threadgroup_memory = 64 * 1024;
+  EXPECT_THROW(check_limits(p), Error);
+  p = good;
+  p.dispatches[0].threads = {1025, 1, 1};
+  EXPECT_THROW(check_limits(p), Error);
+  p = good;
+  p.dispatches[0].buffers[0].offset = 2;
+  EXPECT_THROW(check_limits(p), Error);
+  p = good;
+  p.dispatches[0].bytes[0].data.resize(4096);
+  EXPECT_THROW(check_limits(p), Error);
+  p = good;
+  p.dispatches[0].buffers[0].offset = p.size(p.dispatches[0].buffers[0].buffer);
+  EXPECT_THROW(check_limits(p), Error);
+  p = good;
+  p.dispatches[0].threadgroups = {0, 1, 1};
+  EXPECT_THROW(check_limits(p), Error);
+}
+
+}  // namespace
