@@ -1,0 +1,126 @@
+"""The "metal-emulated" device itself: how it is listed and chosen, what it refuses, that
+its results do not depend on the order the emulator runs GPU threads in, and that
+concurrent calls are safe. (Its numerical results are checked by every forward suite,
+which runs on all devices.)"""
+
+import threading
+
+import numpy as np
+import pytest
+
+import rnncore
+
+pytestmark = pytest.mark.skipif(
+    "metal-emulated" not in rnncore.devices(), reason="build without the host emulator"
+)
+
+G = {"single_gate_rnn": 1, "lstm": 4, "gru": 3}
+
+
+def inputs(op, rng, T=4, N=5, I=3, H=33, D=2):  # noqa: E741
+    """Every optional input of `op`, float32."""
+    g = G[op]
+    a = {
+        "source": rng.standard_normal((T, N, I)),
+        "recurrent_weight": rng.standard_normal((D, g * H, H)) * 0.3,
+        "input_weight": rng.standard_normal((D * g * H, I)) * 0.5,
+        "bias": rng.standard_normal(D * g * H),
+        "init_state": rng.standard_normal((N, D * H)),
+        "mask": (rng.random((N, D * H)) > 0.3) * 1.0,
+    }
+    if op == "lstm":
+        a["init_cell"] = rng.standard_normal((N, D * H))
+        a["peephole"] = rng.standard_normal((D, 4 * H))
+    if op == "gru":
+        a["secondary_bias"] = rng.standard_normal(D * H)
+    return {k: v.astype(np.float32) for k, v in a.items()}
+
+
+DESCRIPTORS = {
+    "single_gate_rnn": rnncore.RNNDescriptor(bidirectional=True, training=True),
+    "lstm": rnncore.LSTMDescriptor(bidirectional=True, training=True, produce_cell=True),
+    "gru": rnncore.GRUDescriptor(bidirectional=True, training=True),
+    "gru_reset_after": rnncore.GRUDescriptor(
+        bidirectional=True, training=True, reset_after=True, flip_z=True
+    ),
+}
+
+
+def run(name, args):
+    op = "gru" if name.startswith("gru") else name
+    return getattr(rnncore, op)(**args, descriptor=DESCRIPTORS[name], device="metal-emulated")
+
+
+def test_listed_last_and_never_the_default(monkeypatch):
+    """It is a testing device: listed after the CPU, picked only when asked for."""
+    monkeypatch.delenv("RNNCORE_DEVICE", raising=False)
+    devices = rnncore.devices()
+    assert devices.index("metal-emulated") > devices.index("cpu")
+    # float64 works with the default device, so the default is not a Metal device.
+    x = np.ones((2, 1, 3))
+    assert rnncore.single_gate_rnn(x, np.eye(3)).state.dtype == np.float64
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_shuffled_schedule_gives_identical_results(name, monkeypatch, rng):
+    """Threads of each threadgroup run in random orders: the kernels synchronise correctly,
+    so every output is bit-identical to the in-order run."""
+    op = "gru" if name.startswith("gru") else name
+    args = inputs(op, rng)
+    monkeypatch.setenv("RNNCORE_EMULATOR_SCHEDULE", "ordered")
+    ordered = run(name, args)
+    for seed in (1, 2):
+        monkeypatch.setenv("RNNCORE_EMULATOR_SCHEDULE", f"shuffle:{seed}")
+        shuffled = run(name, args)
+        for a, b in zip(ordered, shuffled):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+
+def test_bad_schedule_setting_is_refused(monkeypatch, rng):
+    monkeypatch.setenv("RNNCORE_EMULATOR_SCHEDULE", "sometimes")
+    with pytest.raises(ValueError, match="RNNCORE_EMULATOR_SCHEDULE"):
+        run("single_gate_rnn", inputs("single_gate_rnn", rng))
+
+
+@pytest.mark.parametrize("op", sorted(G))
+def test_float64_is_a_type_error_naming_op_and_device(op, rng):
+    args = {k: v.astype(np.float64) for k, v in inputs(op, rng, D=1).items()}
+    args["recurrent_weight"] = args["recurrent_weight"][0]
+    if "peephole" in args:
+        args["peephole"] = args["peephole"][0]
+    with pytest.raises(TypeError, match=rf"\[{op}\] device 'metal-emulated' computes float32"):
+        getattr(rnncore, op)(**args, device="metal-emulated")
+
+
+@pytest.mark.parametrize("op", sorted(G))
+def test_gradient_ops_refuse_clearly(op, rng):
+    """No gradient kernels on the Metal backend yet: a RuntimeError naming the op."""
+    T, N, H = 2, 1, 3
+    x = rng.standard_normal((T, N, G[op] * H)).astype(np.float32)
+    r = rng.standard_normal((G[op] * H, H)).astype(np.float32)
+    z = rnncore.__dict__[op](x, r, descriptor=DESCRIPTORS[op].__class__(training=True)).z_state
+    dy = np.ones((T, N, H), np.float32)
+    extra = {"lstm": {"cell_output_fwd": dy}, "gru": {"output_fwd": dy}}.get(op, {})
+    fn = getattr(rnncore, op + "_gradients")
+    with pytest.raises(RuntimeError, match=rf"\[{op}_gradients\] device 'metal-emulated'"):
+        fn(x, r, dy, z, **extra, device="metal-emulated")
+
+
+def test_concurrent_calls_match_serial(rng):
+    """The emulator keeps its scheduler and function constants per thread."""
+    args = [inputs("lstm", rng, T=3, N=3, H=17) for _ in range(4)]
+    serial = [run("lstm", a).state for a in args]
+    results = [None] * len(args)
+
+    def work(i):
+        for _ in range(3):
+            results[i] = run("lstm", args[i]).state
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(serial, results):
+        np.testing.assert_array_equal(a, b)
