@@ -43,7 +43,7 @@ function(rnncore_add_metal target)
     set(air ${air_dir}/${stem}.air)
     # No fast math: the sigmoid/tanh-heavy kernels are compared to the CPU backend.
     add_custom_command(OUTPUT ${air}
-      COMMAND ${RNNCORE_XCRUN} -sdk macosx metal -c -std=metal3.0 -Wall -Wextra -Werror
+      COMMAND ${RNNCORE_XCRUN} -sdk macosx metal -c -std=metal3.0 -Wall -Wextra -Werror -Wno-unused-parameter
               -fno-fast-math -mmacosx-version-min=${metal_min_macos} -I ${shader_dir}
               ${source} -o ${air}
       DEPENDS ${source} ${shader_headers}

@@ -54,6 +54,12 @@ FUNCTION_CONSTANT(int, gate_d, FC_GATE_D)
       uint3 tgid [[threadgroup_position_in_grid]],                                         \
       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 #define STEP_KERNEL_ARGS xp, R, h0, c0, mask, peephole, b2, y, c, z, ws, p, tgid, sg, lane
+// The same list without attributes, for the step implementations (plain functions).
+#define STEP_IMPL_PARAMS(T)                                                                  \
+  device const T *xp, device const T *R, device const T *h0, device const T *c0,            \
+      device const T *mask, device const T *peephole, device const T *b2, device T *y,      \
+      device T *c, device T *z, device T *ws, constant StepParams &p, uint3 tgid, uint sg,  \
+      uint lane
 
 // The contract's activation table (float32 math; the logistic without overflow).
 inline float activate(int code, float x) {

@@ -22,7 +22,7 @@ inline float previous_state(device const float *h0, device const float *y,
 
 // Reset-after: a_o = x'_o + r * (R_o h~ + b2).
 template <int NB>
-inline void gru_step(STEP_KERNEL_PARAMS(float)) {
+inline void gru_step(STEP_IMPL_PARAMS(float)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -61,7 +61,7 @@ inline void gru_step(STEP_KERNEL_PARAMS(float)) {
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
 // u = r * h~ (rows [N, 2N)), both [N, D*H].
 template <int NB>
-inline void gru_gates(STEP_KERNEL_PARAMS(float)) {
+inline void gru_gates(STEP_IMPL_PARAMS(float)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -94,7 +94,7 @@ inline void gru_gates(STEP_KERNEL_PARAMS(float)) {
 
 // Reset-before, second dispatch: a_o = x'_o + R_o u, then the update.
 template <int NB>
-inline void gru_candidate(STEP_KERNEL_PARAMS(float)) {
+inline void gru_candidate(STEP_IMPL_PARAMS(float)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;

@@ -10,7 +10,7 @@
 #include "common.h"
 
 template <int NB>
-inline void lstm_step(STEP_KERNEL_PARAMS(float)) {
+inline void lstm_step(STEP_IMPL_PARAMS(float)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
