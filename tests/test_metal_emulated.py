@@ -1,7 +1,7 @@
 """The "metal-emulated" device itself: how it is listed and chosen, what it refuses, that
-its results do not depend on the order the emulator runs GPU threads in, and that
-concurrent calls are safe. (Its numerical results are checked by every forward suite,
-which runs on all devices.)"""
+its results (forward and gradients) do not depend on the order the emulator runs GPU
+threads in, and that concurrent calls are safe. (Its numerical results are checked by
+every forward and gradient suite, which run on all devices.)"""
 
 import threading
 
@@ -93,18 +93,28 @@ def test_float64_is_a_type_error_naming_op_and_device(op, rng):
         getattr(rnncore, op)(**args, device="metal-emulated")
 
 
-@pytest.mark.parametrize("op", sorted(G))
-def test_gradient_ops_refuse_clearly(op, rng):
-    """No gradient kernels on the Metal backend yet: a RuntimeError naming the op."""
-    T, N, H = 2, 1, 3
-    x = rng.standard_normal((T, N, G[op] * H)).astype(np.float32)
-    r = rng.standard_normal((G[op] * H, H)).astype(np.float32)
-    z = rnncore.__dict__[op](x, r, descriptor=DESCRIPTORS[op].__class__(training=True)).z_state
-    dy = np.ones((T, N, H), np.float32)
-    extra = {"lstm": {"cell_output_fwd": dy}, "gru": {"output_fwd": dy}}.get(op, {})
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_shuffled_schedule_gives_identical_gradients(name, monkeypatch, rng):
+    """The gradient kernels (steps, R^T, GEMMs, column sums) are schedule-independent too."""
+    op = "gru" if name.startswith("gru") else name
+    args = inputs(op, rng)
+    fwd = run(name, args)
+    grad_args = dict(args, source_gradient=rng.standard_normal(fwd.state.shape).astype(np.float32))
+    grad_args["z_state"] = fwd.z_state
+    grad_args["state_gradient"] = rng.standard_normal(args["init_state"].shape).astype(np.float32)
+    if op == "gru":
+        grad_args["output_fwd"] = fwd.state
+    if op == "lstm":
+        grad_args["cell_output_fwd"] = fwd.cell
+        grad_args["cell_gradient"] = rng.standard_normal(fwd.cell.shape).astype(np.float32)
     fn = getattr(rnncore, op + "_gradients")
-    with pytest.raises(RuntimeError, match=rf"\[{op}_gradients\] device 'metal-emulated'"):
-        fn(x, r, dy, z, **extra, device="metal-emulated")
+    results = []
+    for schedule in ("ordered", "shuffle:3"):
+        monkeypatch.setenv("RNNCORE_EMULATOR_SCHEDULE", schedule)
+        results.append(fn(**grad_args, descriptor=DESCRIPTORS[name], device="metal-emulated"))
+    for a, b in zip(*results):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
 
 
 def test_concurrent_calls_match_serial(rng):

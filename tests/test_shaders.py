@@ -20,7 +20,7 @@ _spec = importlib.util.spec_from_file_location("check_address_spaces", SCRIPT)
 check_address_spaces = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check_address_spaces)
 
-KERNELS = ["projection.metal", "rnn.metal", "lstm.metal", "gru.metal"]
+KERNELS = ["gemm.metal", "rnn.metal", "lstm.metal", "gru.metal"]
 
 # How clang names the spaces in its diagnostics: "cannot pass pointer to address space '3' as
 # a pointer to address space '1'", "__attribute__((address_space(2)))", or the type spelled

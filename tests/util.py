@@ -29,7 +29,7 @@ def assert_rel_close(actual, expected, tol, what=""):
 # Devices whose backend has no gradient kernels yet (the Metal backend's gradients are the
 # next piece of work); the gradient suites skip them and test_metal_emulated.py checks that
 # they refuse clearly.
-NO_GRADIENTS = {"metal", "metal-emulated"}
+NO_GRADIENTS: set = set()
 
 
 def gradient_devices():

@@ -28,6 +28,16 @@ FUNCTION_CONSTANT(bool, training, FC_TRAINING)
 FUNCTION_CONSTANT(bool, flip_z, FC_FLIP_Z)
 FUNCTION_CONSTANT(bool, has_cell, FC_HAS_CELL)
 FUNCTION_CONSTANT(bool, has_workspace, FC_HAS_WORKSPACE)
+FUNCTION_CONSTANT(bool, has_dh_final, FC_HAS_DH_FINAL)
+FUNCTION_CONSTANT(bool, has_dc_final, FC_HAS_DC_FINAL)
+FUNCTION_CONSTANT(bool, has_dc_steps, FC_HAS_DC_STEPS)
+FUNCTION_CONSTANT(bool, want_dh0, FC_WANT_DH0)
+FUNCTION_CONSTANT(bool, want_dc0, FC_WANT_DC0)
+FUNCTION_CONSTANT(bool, has_scale, FC_HAS_SCALE)
+FUNCTION_CONSTANT(bool, has_hfwd, FC_HAS_HFWD)
+FUNCTION_CONSTANT(bool, has_cfwd, FC_HAS_CFWD)
+FUNCTION_CONSTANT(bool, has_rdelta, FC_HAS_RDELTA)
+FUNCTION_CONSTANT(bool, has_u, FC_HAS_U)
 FUNCTION_CONSTANT(int, act_0, FC_ACT_0)
 FUNCTION_CONSTANT(int, act_1, FC_ACT_1)
 FUNCTION_CONSTANT(int, act_2, FC_ACT_2)
@@ -74,6 +84,28 @@ inline float activate(int code, float x) {
     default: return x;
   }
 }
+
+// f(x) and f'(x) from the pre-activation (the contract's table; hard_sigmoid's slope is
+// 0.2 on the closed interval |x| <= 2.5).
+inline float2 activate_grad(int code, float x) {
+  switch (code) {
+    case ACT_RELU: return x > 0.0f ? float2(x, 1.0f) : float2(0.0f, 0.0f);
+    case ACT_TANH: {
+      const float t = tanh(x);
+      return float2(t, 1.0f - t * t);
+    }
+    case ACT_SIGMOID: {
+      const float s = activate(ACT_SIGMOID, x);
+      return float2(s, s * (1.0f - s));
+    }
+    case ACT_HARD_SIGMOID:
+      return float2(activate(ACT_HARD_SIGMOID, x), fabs(x) <= 2.5f ? 0.2f : 0.0f);
+    default: return float2(x, 1.0f);
+  }
+}
+
+// The activation of the gate block at position `pos` (a function constant: this folds).
+inline int act_at(int pos) { return pos == 0 ? act_0 : pos == 1 ? act_1 : pos == 2 ? act_2 : act_3; }
 
 // Element `index` of four values; the index is a function constant, so this folds.
 inline float pick4(int index, float a0, float a1, float a2, float a3) {
@@ -138,6 +170,86 @@ inline float row_value(thread const float (&acc)[NG][NB], int g, uint lane) {
   for (int j = 0; j < NB; ++j) v = uint(j) == lane ? acc[g][j] : v;
   return v;
 }
+
+// Rows of the [3, N, D*H] carry workspace of the gradient steps.
+enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
+
+// ---- gradient steps ----------------------------------------------------------------------
+#define BACKWARD_KERNEL_PARAMS(T)                                                              \
+  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],                    \
+      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],                  \
+      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],                  \
+      device const T *h0 [[buffer(BB_H0), function_constant(has_init_state)]],                 \
+      device const T *c0 [[buffer(BB_C0), function_constant(has_init_cell)]],                  \
+      device const T *mask [[buffer(BB_MASK), function_constant(has_mask)]],                   \
+      device const T *peephole [[buffer(BB_PEEPHOLE), function_constant(has_peephole)]],       \
+      device const T *dy [[buffer(BB_DY)]],                                                    \
+      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],      \
+      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],      \
+      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],      \
+      device T *dxp [[buffer(BB_DXP)]],                                                         \
+      device T *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],                    \
+      device T *htilde [[buffer(BB_HTILDE)]],                                                   \
+      device T *u_in [[buffer(BB_U), function_constant(has_u)]],                                \
+      device T *carry [[buffer(BB_CARRY)]],                                                     \
+      device T *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],                    \
+      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                           \
+      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]],                           \
+      constant BackwardParams &p [[buffer(BB_PARAMS)]],                                         \
+      uint3 tgid [[threadgroup_position_in_grid]],                                              \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
+#define BACKWARD_KERNEL_ARGS                                                                   \
+  rt, z, h_fwd, c_fwd, h0, c0, mask, peephole, dy, dh_final, dc_final, dc_steps, dxp, rdelta,  \
+      htilde, u_in, carry, cprev, dh0, dc0, p, tgid, sg, lane
+#define BACKWARD_IMPL_PARAMS(T)                                                                \
+  device const T *rt, device const T *z, device const T *h_fwd, device const T *c_fwd,         \
+      device const T *h0, device const T *c0, device const T *mask, device const T *peephole,  \
+      device const T *dy, device const T *dh_final, device const T *dc_final,                  \
+      device const T *dc_steps, device T *dxp, device T *rdelta, device T *htilde,             \
+      device T *u_in, device T *carry, device T *cprev, device T *dh0, device T *dc0,          \
+      constant BackwardParams &p, uint3 tgid, uint sg, uint lane
+
+// Time indices of processing step s (the contract's flips), for the gradient kernels.
+inline int time_in(constant BackwardParams &p, int d, int s) {
+  return d == 1 || p.reverse != 0 ? p.T - 1 - s : s;
+}
+inline int time_out(constant BackwardParams &p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
+
+inline float mask_at(device const float *mask, constant BackwardParams &p, int n, int col) {
+  return has_mask ? mask[n * p.mask_rs + col * p.mask_cs] : 1.0f;
+}
+
+// acc[j] = sum_{i < len} delta[(n0 + j) * ld + col0 + i] * rt_row[i] over one simdgroup (the
+// product of a step's gate deltas with R, through a row of R^T: both reads contiguous).
+template <int NB>
+inline void transposed_dot(device const float *delta, int ld, int col0,
+                           device const float *rt_row, int len, int N, int n0, uint lane,
+                           thread float (&acc)[NB]) {
+  for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  for (int i = int(lane); i < len; i += SIMD_WIDTH) {
+    const float r = rt_row[i];
+    for (int j = 0; j < NB; ++j)
+      if (n0 + j < N) acc[j] = fma(delta[(n0 + j) * ld + col0 + i], r, acc[j]);
+  }
+  for (int j = 0; j < NB; ++j) acc[j] = simd_sum(acc[j]);
+}
+
+template <int NB>
+inline float lane_value(thread const float (&acc)[NB], uint lane) {
+  float v = 0.0f;
+  for (int j = 0; j < NB; ++j) v = uint(j) == lane ? acc[j] : v;
+  return v;
+}
+
+#define INSTANTIATE_BACKWARD_KERNELS(op, impl)                                                 \
+  kernel void op##_b1_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<1>(BACKWARD_KERNEL_ARGS); }    \
+  kernel void op##_b2_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<2>(BACKWARD_KERNEL_ARGS); }    \
+  kernel void op##_b4_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<4>(BACKWARD_KERNEL_ARGS); }    \
+  kernel void op##_b8_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<8>(BACKWARD_KERNEL_ARGS); }    \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32)                                        \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32)                                        \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32)                                        \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32)
 
 // Instantiates a step kernel for the four batch tiles the plan chooses from.
 #define INSTANTIATE_STEP_KERNELS(op, impl)                                     \

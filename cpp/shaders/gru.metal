@@ -119,3 +119,155 @@ inline void gru_candidate(STEP_IMPL_PARAMS(float)) {
 INSTANTIATE_STEP_KERNELS(gru_step, gru_step)
 INSTANTIATE_STEP_KERNELS(gru_gates, gru_gates)
 INSTANTIATE_STEP_KERNELS(gru_candidate, gru_candidate)
+
+// ---- gradients (contract: "Gradient operations") --------------------------------------------
+// Gradient step s runs s = T-1 .. 0, then s = -1 for the init_state gradient. The carry into
+// step s is the previous step's deltas times R (through R^T), masked, plus the direct path
+// dh * z (or 1 - z) that the same unit kept in the carry workspace.
+
+// dh into step s and the pieces of the update's derivative shared by both variants.
+struct GruDeltas {
+  float dz, d_o, direct;
+};
+
+inline GruDeltas gru_update_grad(float dh, float zg, float o, float h_prev) {
+  GruDeltas g;
+  if (flip_z) {
+    g.dz = dh * (o - h_prev);
+    g.d_o = dh * zg;
+    g.direct = dh * (1.0f - zg);
+  } else {
+    g.dz = dh * (h_prev - o);
+    g.d_o = dh * (1.0f - zg);
+    g.direct = dh * zg;
+  }
+  return g;
+}
+
+inline float gru_h_prev(device const float *h_fwd, device const float *h0,
+                        constant BackwardParams &p, int d, int s, int n, int col) {
+  if (s > 0) return h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col];
+  return has_init_state ? h0[n * p.y_ld + col] : 0.0f;
+}
+
+// Reset-after: R sees [dz, dr, dq] (dq = da_o * r), kept in rdelta for the carry and dR.
+// Per step: 6*N*H*H FLOPs, R^T (12*H*H bytes) read once per batch tile.
+template <int NB>
+inline void gru_backward(BACKWARD_IMPL_PARAMS(float)) {
+  const int d = int(tgid.z);
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
+  const int n0 = int(tgid.y) * NB;
+  if (u >= p.H) return;
+  const int H = p.H, s = p.step, col = d * H + u;
+  float acc[NB];
+  if (s + 1 < p.T) {
+    transposed_dot<NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
+                       rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+  const int n = n0 + int(lane);
+  if (int(lane) >= NB || n >= p.N) return;
+  const float m = mask_at(mask, p, n, col);
+  device float *direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
+  const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + *direct : 0.0f;
+  if (s < 0) {
+    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    return;
+  }
+  const int ti = time_in(p, d, s), to = time_out(p, d, s);
+  device const float *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
+  const float2 zg = activate_grad(act_at(gate_a), zr[gate_a * H]);
+  const float2 r = activate_grad(act_at(gate_b), zr[gate_b * H]);
+  const float q = zr[2 * H];
+  const float2 og = activate_grad(act_2, zr[3 * H] + r.x * q);
+  const float h_prev = gru_h_prev(h_fwd, h0, p, d, s, n, col);
+  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  const GruDeltas g = gru_update_grad(dh, zg.x, og.x, h_prev);
+  const float da_z = g.dz * zg.y, da_o = g.d_o * og.y;
+  const float da_r = da_o * q * r.y, dq = da_o * r.x;
+  const int row = (ti * p.N + n) * p.xp_ld + d * 3 * H + u;
+  dxp[row + gate_a * H] = da_z;
+  dxp[row + gate_b * H] = da_r;
+  dxp[row + 2 * H] = da_o;
+  rdelta[row + gate_a * H] = da_z;
+  rdelta[row + gate_b * H] = da_r;
+  rdelta[row + 2 * H] = dq;
+  *direct = g.direct;
+  htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
+}
+
+// Reset-before, first dispatch of step s: the carry (da_zr[s+1] R_zr + du[s+1] * r[s+1]) * m
+// + direct, then da_z and da_o. dr needs du = da_o R_o of every unit (the second dispatch).
+template <int NB>
+inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(float)) {
+  const int d = int(tgid.z);
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
+  const int n0 = int(tgid.y) * NB;
+  if (u >= p.H) return;
+  const int H = p.H, s = p.step, col = d * H + u;
+  float acc[NB];
+  if (s + 1 < p.T) {
+    transposed_dot<NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
+                       rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+  const int n = n0 + int(lane);
+  if (int(lane) >= NB || n >= p.N) return;
+  const float m = mask_at(mask, p, n, col);
+  device float *direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
+  float carry_h = 0.0f;
+  if (s + 1 < p.T) {
+    const int tn = time_out(p, d, s + 1);
+    const float r_next =
+        activate(act_at(gate_b), z[(tn * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]);
+    const float du_next = carry[(CARRY_DU * p.N + n) * p.y_ld + col];
+    carry_h = (lane_value<NB>(acc, lane) + du_next * r_next) * m + *direct;
+  }
+  if (s < 0) {
+    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    return;
+  }
+  const int ti = time_in(p, d, s), to = time_out(p, d, s);
+  device const float *zr = z + (to * p.N + n) * p.z_ld + d * 3 * H + u;
+  const float2 zg = activate_grad(act_at(gate_a), zr[gate_a * H]);
+  const float2 og = activate_grad(act_2, zr[2 * H]);
+  const float h_prev = gru_h_prev(h_fwd, h0, p, d, s, n, col);
+  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  const GruDeltas g = gru_update_grad(dh, zg.x, og.x, h_prev);
+  const int row = (ti * p.N + n) * p.xp_ld + d * 3 * H + u;
+  dxp[row + gate_a * H] = g.dz * zg.y;
+  dxp[row + 2 * H] = g.d_o * og.y;
+  *direct = g.direct;
+  htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
+}
+
+// Reset-before, second dispatch of step s: du = da_o R_o (through R_o^T), dr = du * h~ * r',
+// and u = r * h~ kept for dR's candidate rows.
+template <int NB>
+inline void gru_backward_r(BACKWARD_IMPL_PARAMS(float)) {
+  const int d = int(tgid.z);
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
+  const int n0 = int(tgid.y) * NB;
+  if (u >= p.H) return;
+  const int H = p.H, s = p.step, col = d * H + u;
+  const int ti = time_in(p, d, s), to = time_out(p, d, s);
+  float acc[NB];
+  transposed_dot<NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
+                     rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
+  const int n = n0 + int(lane);
+  if (int(lane) >= NB || n >= p.N) return;
+  const float du = lane_value<NB>(acc, lane);
+  const float2 r = activate_grad(act_at(gate_b), z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]);
+  const float h_masked = htilde[(ti * p.N + n) * p.y_ld + col];
+  dxp[(ti * p.N + n) * p.xp_ld + d * 3 * H + gate_b * H + u] = du * h_masked * r.y;
+  u_in[(ti * p.N + n) * p.y_ld + col] = r.x * h_masked;
+  carry[(CARRY_DU * p.N + n) * p.y_ld + col] = du;
+}
+
+INSTANTIATE_BACKWARD_KERNELS(gru_backward, gru_backward)
+INSTANTIATE_BACKWARD_KERNELS(gru_backward_zo, gru_backward_zo)
+INSTANTIATE_BACKWARD_KERNELS(gru_backward_r, gru_backward_r)

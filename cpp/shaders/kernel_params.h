@@ -27,6 +27,16 @@ enum FunctionConstantIndex : int32_t {
   FC_FLIP_Z = 16,
   FC_HAS_CELL = 17,       // LSTM: the cell buffer is bound
   FC_HAS_WORKSPACE = 18,  // GRU reset-before: the per-step workspace is bound
+  FC_HAS_DH_FINAL = 40,   // gradients: state_gradient given
+  FC_HAS_DC_FINAL = 41,   // LSTM cell_gradient [N, D*H] (seeds the last step)
+  FC_HAS_DC_STEPS = 42,   // LSTM cell_gradient [T, N, D*H] (added at every step)
+  FC_WANT_DH0 = 43,       // write the init_state gradient
+  FC_WANT_DC0 = 44,       // write the init_cell gradient
+  FC_HAS_SCALE = 45,      // column sums: multiply by a second array
+  FC_HAS_HFWD = 46,       // GRU gradients: the forward state output is bound
+  FC_HAS_CFWD = 47,       // LSTM gradients: the forward cell output is bound
+  FC_HAS_RDELTA = 48,     // GRU reset-after gradients: R's deltas differ from dX'
+  FC_HAS_U = 49,          // GRU reset-before gradients: r * h~ is kept for dR
   FC_ACT_0 = 20,  // activation of the gate block at position 0..3 (ActivationCode)
   FC_ACT_1 = 21,
   FC_ACT_2 = 22,
@@ -58,18 +68,48 @@ enum KernelSizes : int32_t {
   STEP_MAX_BATCH_TILE = 8,
 };
 
-// ---- projection: y[M, Nc] = x[M, K] * W[Nc, K]^T + bias[Nc] ------------------------------
-enum ProjectionBuffer : int32_t {
-  PB_X = 0,
-  PB_W = 1,
-  PB_BIAS = 2,
-  PB_Y = 3,
-  PB_PARAMS = 4,
+// ---- GEMM: C[z][m, n] = sum_k A[z](m, k) B[z](k, n) (+ bias[n]) ----------------------------
+// Element (m, k) of A is A[z * a_zs + m * a_rs + k * a_cs]; likewise B and C, so one kernel
+// serves x W^T (the input projection), dX' W, dX'^T x and delta^T h (the weight gradients).
+// Without B (has_weight false) C = A + bias, with K = N.
+enum GemmBuffer : int32_t {
+  GB_A = 0,
+  GB_B = 1,
+  GB_BIAS = 2,
+  GB_C = 3,
+  GB_PARAMS = 4,
 };
 
-struct ProjectionParams {
-  int32_t M, K, Nc;
-  int32_t ldx, ldw, ldy;  // row strides in elements
+struct GemmParams {
+  int32_t M, N, K;
+  int32_t a_rs, a_cs, b_rs, b_cs, ldc;
+  int32_t a_zs, b_zs, c_zs;  // per grid-z (direction) offsets
+};
+
+// ---- column sums: out[z][c] = sum_r A[z*a_zs + r*lda + c] (* S[z*s_zs + r*lds + c % s_mod]) --
+enum ColumnSumBuffer : int32_t {
+  CB_A = 0,
+  CB_S = 1,
+  CB_OUT = 2,
+  CB_PARAMS = 3,
+};
+
+struct ColumnSumParams {
+  int32_t rows, cols;
+  int32_t lda, lds, s_mod;
+  int32_t a_zs, s_zs, out_zs;
+};
+
+// ---- transpose: out[z][c][r] = in[z][r][c] ------------------------------------------------
+enum TransposeBuffer : int32_t {
+  TB_IN = 0,
+  TB_OUT = 1,
+  TB_PARAMS = 2,
+};
+
+struct TransposeParams {
+  int32_t rows, cols;
+  int32_t zs;  // elements per matrix
 };
 
 // ---- recurrent steps ----------------------------------------------------------------------
@@ -100,6 +140,44 @@ struct StepParams {
   int32_t z_ld;     // D*ZG*H
   int32_t mask_rs;  // element strides of the mask broadcast to [N, D*H]
   int32_t mask_cs;
+};
+
+// ---- gradient steps ----------------------------------------------------------------------
+// Every backward step kernel has this buffer table. Step s reads the deltas of step s + 1
+// (the recurrent carry, through R^T) and writes its own; step -1 writes the initial-state
+// gradients. dX' [T, N, D*G*H] at input time; RT [D, H, G*H] is R transposed per call.
+enum BackwardBuffer : int32_t {
+  BB_RT = 0,
+  BB_Z = 1,        // training state of the forward run
+  BB_HFWD = 2,     // GRU forward state output
+  BB_CFWD = 3,     // LSTM forward cell output
+  BB_H0 = 4,
+  BB_C0 = 5,
+  BB_MASK = 6,
+  BB_PEEPHOLE = 7,
+  BB_DY = 8,       // source_gradient [T, N, D*H]
+  BB_DH_FINAL = 9,
+  BB_DC_FINAL = 10,
+  BB_DC_STEPS = 11,
+  BB_DXP = 12,     // out: dX'
+  BB_RDELTA = 13,  // GRU reset-after: the deltas R sees ([dz, dr, dq] per direction)
+  BB_HTILDE = 14,  // out: masked previous state per step, at input time
+  BB_U = 15,       // GRU reset-before: r * h~ per step, at input time
+  BB_CARRY = 16,   // [3, N, D*H]: the direct path, du, and the cell carry between steps
+  BB_CPREV = 17,   // LSTM with peepholes: previous cell per step, at input time
+  BB_DH0 = 18,
+  BB_DC0 = 19,
+  BB_PARAMS = 20,
+};
+
+struct BackwardParams {
+  int32_t T, N, H;
+  int32_t step;  // processing step s; -1: the initial-state gradients
+  int32_t reverse;
+  int32_t xp_ld;  // D*G*H: dX' (and RDelta) rows
+  int32_t y_ld;   // D*H
+  int32_t z_ld;   // D*ZG*H
+  int32_t mask_rs, mask_cs;
 };
 
 }  // namespace kernels

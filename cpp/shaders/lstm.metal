@@ -52,3 +52,85 @@ inline void lstm_step(STEP_IMPL_PARAMS(float)) {
 }
 
 INSTANTIATE_STEP_KERNELS(lstm_step, lstm_step)
+
+// Gradient step s (s = T-1 .. 0, then -1 for init_state / init_cell). The carry into step
+// s is (dX'[s+1] R) * m through R^T (4H long rows); the cell carry stays with the unit in
+// the carry workspace. h~[s] for dR is o * phi(c) of step s-1, rebuilt from the training
+// state and the cell output. Per step: 8*N*H*H FLOPs, R^T read once per batch tile.
+template <int NB>
+inline void lstm_backward(BACKWARD_IMPL_PARAMS(float)) {
+  const int d = int(tgid.z);
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
+  const int n0 = int(tgid.y) * NB;
+  if (u >= p.H) return;
+  const int H = p.H, s = p.step, col = d * H + u;
+  float acc[NB];
+  if (s + 1 < p.T) {
+    transposed_dot<NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 4 * H,
+                       rt + (d * H + u) * 4 * H, 4 * H, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+  const int n = n0 + int(lane);
+  if (int(lane) >= NB || n >= p.N) return;
+  const float m = mask_at(mask, p, n, col);
+  const float carry_h = lane_value<NB>(acc, lane) * m;
+  device float *dc_carry = carry + (CARRY_CELL * p.N + n) * p.y_ld + col;
+  if (s < 0) {
+    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    if (want_dc0) dc0[n * p.y_ld + col] = *dc_carry;
+    return;
+  }
+  const int ti = time_in(p, d, s), to = time_out(p, d, s);
+  device const float *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
+  const float2 g0 = activate_grad(act_0, zr[0]), g1 = activate_grad(act_1, zr[H]),
+               g2 = activate_grad(act_2, zr[2 * H]), g3 = activate_grad(act_3, zr[3 * H]);
+  const float2 gi = gate_a == 0 ? g0 : gate_a == 1 ? g1 : gate_a == 2 ? g2 : g3;
+  const float2 gf = gate_b == 0 ? g0 : gate_b == 1 ? g1 : gate_b == 2 ? g2 : g3;
+  const float2 gz = gate_c == 0 ? g0 : gate_c == 1 ? g1 : gate_c == 2 ? g2 : g3;
+  const float2 go = gate_d == 0 ? g0 : gate_d == 1 ? g1 : gate_d == 2 ? g2 : g3;
+  const float2 phi = activate_grad(cell_act, c_fwd[(to * p.N + n) * p.y_ld + col]);
+  float c_prev = 0.0f;
+  if (s > 0)
+    c_prev = c_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col];
+  else if (has_init_cell)
+    c_prev = c0[n * p.y_ld + col];
+
+  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  float dc_in = 0.0f;
+  if (s < p.T - 1)
+    dc_in = *dc_carry;
+  else if (has_dc_final)
+    dc_in = dc_final[n * p.y_ld + col];
+  float dc = dh * go.x * phi.y + dc_in;
+  if (has_dc_steps) dc += dc_steps[(to * p.N + n) * p.y_ld + col];
+  const float d_o = dh * phi.x * go.y, d_i = dc * gz.x * gi.y, d_z = dc * gi.x * gz.y,
+              d_f = dc * c_prev * gf.y;
+  device float *dx = dxp + (ti * p.N + n) * p.xp_ld + d * 4 * H + u;
+  dx[gate_a * H] = d_i;
+  dx[gate_b * H] = d_f;
+  dx[gate_c * H] = d_z;
+  dx[gate_d * H] = d_o;
+  float dc_next = dc * gf.x;
+  if (has_peephole) {
+    device const float *P = peephole + d * 4 * H + u;
+    for (int k = 0; k < 4; ++k) {
+      const float dk = k == gate_a ? d_i : k == gate_b ? d_f : k == gate_c ? d_z : d_o;
+      dc_next = fma(dk, P[k * H], dc_next);
+    }
+    cprev[(ti * p.N + n) * p.y_ld + col] = c_prev;
+  }
+  *dc_carry = dc_next;
+  float h_prev = 0.0f;
+  if (s > 0) {
+    const int tp = time_out(p, d, s - 1);
+    const float o_prev = activate(act_at(gate_d), z[(tp * p.N + n) * p.z_ld + d * 4 * H + gate_d * H + u]);
+    h_prev = o_prev * activate(cell_act, c_prev);
+  } else if (has_init_state) {
+    h_prev = h0[n * p.y_ld + col];
+  }
+  htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
+}
+
+INSTANTIATE_BACKWARD_KERNELS(lstm_backward, lstm_backward)

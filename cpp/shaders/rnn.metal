@@ -29,3 +29,44 @@ inline void rnn_step(STEP_IMPL_PARAMS(float)) {
 }
 
 INSTANTIATE_STEP_KERNELS(rnn_step, rnn_step)
+
+// Gradient step s (contract: "Gradient operations"), s = T-1 down to 0, then s = -1 for the
+// init_state gradient. The carry into step s is (dX'[s+1] R) * m, read through R^T; the
+// step writes dX'[s] = dh * f'(z) and h~[s] for dR (a GEMM after the loop).
+// Per step: 2*N*H*H FLOPs, R^T read once per batch tile; as the forward step.
+template <int NB>
+inline void rnn_backward(BACKWARD_IMPL_PARAMS(float)) {
+  const int d = int(tgid.z);
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
+  const int n0 = int(tgid.y) * NB;
+  if (u >= p.H) return;
+  const int H = p.H, s = p.step, col = d * H + u;
+  float acc[NB];
+  if (s + 1 < p.T) {
+    transposed_dot<NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
+                       rt + (d * H + u) * H, H, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+  const int n = n0 + int(lane);
+  if (int(lane) >= NB || n >= p.N) return;
+  const float m = mask_at(mask, p, n, col);
+  const float carry_h = lane_value<NB>(acc, lane) * m;
+  if (s < 0) {
+    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    return;
+  }
+  const int ti = time_in(p, d, s), to = time_out(p, d, s);
+  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  const float2 f = activate_grad(act_0, z[(to * p.N + n) * p.z_ld + d * H + u]);
+  dxp[(ti * p.N + n) * p.xp_ld + d * H + u] = dh * f.y;
+  float h_prev = 0.0f;  // rebuilt from the training state: the op does not receive h
+  if (s > 0)
+    h_prev = activate(act_0, z[(time_out(p, d, s - 1) * p.N + n) * p.z_ld + d * H + u]);
+  else if (has_init_state)
+    h_prev = h0[n * p.y_ld + col];
+  htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
+}
+
+INSTANTIATE_BACKWARD_KERNELS(rnn_backward, rnn_backward)

@@ -56,7 +56,7 @@ TEST(Plan, TinyGruResetBeforeTakesTwoDispatchesPerStep) {
   Problem p = problem(OpKind::Gru, 1, 1, 1, 1);
   const Plan plan = plan_forward(p, {});
   ASSERT_EQ(plan.dispatches.size(), 3u);  // projection, gates, candidate
-  EXPECT_EQ(plan.dispatches[0].kernel, "projection_f32");
+  EXPECT_EQ(plan.dispatches[0].kernel, "gemm_f32");
   EXPECT_EQ(plan.dispatches[1].kernel, "gru_gates_b1_f32");
   EXPECT_EQ(plan.dispatches[2].kernel, "gru_candidate_b1_f32");
   for (size_t i = 1; i < 3; ++i) {

@@ -56,6 +56,11 @@ struct uint2 {
 struct uint3 {
   uint x, y, z;
 };
+struct float2 {
+  float x, y;
+  float2() = default;
+  constexpr float2(float a, float b) : x(a), y(b) {}
+};
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 void threadgroup_barrier(mem_flags flags);

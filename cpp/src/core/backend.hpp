@@ -94,12 +94,38 @@ struct ForwardArrays {
   void* z_state = nullptr;
 };
 
+// One gradient call for a whole-op backend: the forward inputs, the gradient inputs, and
+// the outputs (allocated by the wrapper through allocate(); null when not wanted).
+struct BackwardArrays {
+  ForwardArrays fwd;  // its state/cell/z_state outputs are unused
+  const void* z_state = nullptr;
+  const void* h_fwd = nullptr;  // GRU output_fwd
+  const void* c_fwd = nullptr;  // LSTM cell_output_fwd
+  const void* dy = nullptr;
+  const void* dh_final = nullptr;
+  const void* dc_final = nullptr;  // LSTM cell_gradient [N, D*H]
+  const void* dc_steps = nullptr;  // LSTM cell_gradient [T, N, D*H]
+  void* dsource = nullptr;
+  void* dR = nullptr;
+  void* dW = nullptr;
+  void* dbias = nullptr;
+  void* dh0 = nullptr;
+  void* dc0 = nullptr;
+  void* dP = nullptr;
+  void* db2 = nullptr;  // GRU reset-after with a secondary bias
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Whether the backend takes whole ops (forward_whole / backward_whole) rather than being
+  // driven step by step through project() ... input_gradients().
+  virtual bool runs_whole_ops() const { return false; }
   // Whole-op forward; returns false for backends driven step by step (the CPU).
   virtual bool forward_whole(const Problem&, const ForwardArrays&) { return false; }
+  // Whole-op gradients; false for backends driven step by step.
+  virtual bool backward_whole(const Problem&, const BackwardArrays&) { return false; }
   // Whether the backend computes float64 and has the gradient operations.
   virtual bool computes_float64() const { return true; }
   virtual bool has_gradients() const { return true; }

@@ -80,6 +80,19 @@ struct CommonInputs {
   const void* secondary_bias;
 };
 
+// The inputs as a whole-op backend takes them.
+ForwardArrays forward_arrays(const CommonInputs& in) {
+  ForwardArrays a{in.source->data, in.input_weight, in.recurrent_weight, in.bias,
+                  in.init_state, in.init_cell, opt_data(*in.mask), 1, 1, in.peephole,
+                  in.secondary_bias, nullptr, nullptr, nullptr};
+  if (in.mask->has_value()) {
+    const TensorView& m = **in.mask;
+    a.mask_rows = m.rank() == 2 ? m.shape[0] : 1;
+    a.mask_cols = m.rank() >= 1 ? m.shape.back() : 1;
+  }
+  return a;
+}
+
 struct Outputs {
   Tensor state;
   std::optional<Tensor> cell, z_state;
@@ -94,16 +107,10 @@ Outputs run_forward(const Problem& p, const CommonInputs& in, Backend& be) {
   if (p.training) out.z_state = be.allocate({T, N, D * p.ZG * H}, p.dtype);
   if (T == 0 || N == 0 || H == 0) return out;
 
-  ForwardArrays whole{in.source->data, in.input_weight, in.recurrent_weight, in.bias,
-                      in.init_state, in.init_cell, opt_data(*in.mask), 1, 1, in.peephole,
-                      in.secondary_bias, out.state.data(),
-                      out.cell ? out.cell->data() : nullptr,
-                      out.z_state ? out.z_state->data() : nullptr};
-  if (in.mask->has_value()) {
-    const TensorView& m = **in.mask;
-    whole.mask_rows = m.rank() == 2 ? m.shape[0] : 1;
-    whole.mask_cols = m.rank() >= 1 ? m.shape.back() : 1;
-  }
+  ForwardArrays whole = forward_arrays(in);
+  whole.state = out.state.data();
+  whole.cell = out.cell ? out.cell->data() : nullptr;
+  whole.z_state = out.z_state ? out.z_state->data() : nullptr;
   if (be.forward_whole(p, whole)) return out;
 
   const int64_t es = dtype_size(p.dtype);
@@ -161,6 +168,42 @@ struct GradOutputs {
   std::optional<Tensor> input_weight, bias, init_state, init_cell, peephole, secondary_bias;
 };
 
+// Whole-op backends write every output themselves, so they get device memory for all.
+bool whole_op_backward(const Problem& p, const CommonGradInputs& in, Backend& be,
+                       GradOutputs& g) {
+  if (!be.runs_whole_ops()) return false;
+  BackwardArrays a;
+  a.fwd = forward_arrays(in.fwd);
+  a.z_state = in.z_state;
+  a.h_fwd = in.h_fwd;
+  a.c_fwd = in.c_fwd;
+  a.dy = in.dy;
+  a.dh_final = in.state_gradient;
+  if (in.cell_gradient->has_value()) {
+    const TensorView& c = **in.cell_gradient;
+    (c.rank() == 2 ? a.dc_final : a.dc_steps) = c.data;
+  }
+  const auto device = [&](std::optional<Tensor>& t) {
+    if (t) t = be.allocate(t->shape(), p.dtype);
+    return t ? t->data() : nullptr;
+  };
+  Tensor source = be.allocate(in.fwd.source->shape, p.dtype);
+  Tensor recurrent = be.allocate(g.recurrent_weight.shape(), p.dtype);
+  a.dsource = source.data();
+  a.dR = recurrent.data();
+  a.dW = device(g.input_weight);
+  a.dbias = device(g.bias);
+  a.dh0 = g.init_state ? g.init_state->data() : nullptr;
+  a.dc0 = g.init_cell ? g.init_cell->data() : nullptr;
+  a.dP = device(g.peephole);
+  // A reset-before GRU ignores the secondary bias: its gradient stays zero.
+  if (g.secondary_bias && p.reset_after) a.db2 = device(g.secondary_bias);
+  if (!be.backward_whole(p, a)) return false;
+  g.source = std::move(source);
+  g.recurrent_weight = std::move(recurrent);
+  return true;
+}
+
 GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& be,
                          bool want_secondary_bias) {
   const int64_t T = p.T, N = p.N, H = p.H, D = p.D, DH = p.dh(), GH = p.gh();
@@ -190,6 +233,8 @@ GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& 
   }
   if (p.has_init_state) g.init_state = be.allocate({N, DH}, p.dtype);
   if (p.has_init_cell) g.init_cell = be.allocate({N, DH}, p.dtype);
+
+  if (whole_op_backward(p, in, be, g)) return g;
 
   Tensor mask = broadcast_mask(p, *in.fwd.mask, be);
   // dX' of every step; without an input weight it is the source gradient itself.

@@ -138,7 +138,9 @@ class AppleExecutor final : public Executor {
     std::array<Bound, kBufferCount> bound;
     for (int i = 0; i < kBufferCount; ++i) {
       const int64_t size = plan.sizes[i];
-      if (size > 0) bound[i] = bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), arrays[i]);
+      if (size > 0)
+        bound[i] = bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), arrays[i],
+                        plan.writes[i]);
     }
     std::vector<MTL::ComputePipelineState*> pipelines;
     pipelines.reserve(plan.dispatches.size());
@@ -223,7 +225,7 @@ class AppleExecutor final : public Executor {
     return NS::TransferPtr(device_->newBuffer(p, size, MTL::ResourceStorageModeShared));
   }
 
-  Bound bind(Buffer b, uint64_t size, const void* host) {
+  Bound bind(Buffer b, uint64_t size, const void* host, bool written) {
     Bound r;
     if (is_workspace(b)) {
       // Only the GPU touches workspace.
@@ -235,7 +237,7 @@ class AppleExecutor final : public Executor {
       r.buffer = find_allocation(host, size, &r.offset);
       if (!r.buffer) {
         // Outputs are written in place, which only allocate()'s shared buffers allow.
-        if (is_output(b))
+        if (written)
           throw DeviceError(std::string("[metal] output ") + buffer_name(b) +
                             " is not memory from Executor::allocate");
         r.buffer = wrap_input(host, size, &r.offset);

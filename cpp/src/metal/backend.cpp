@@ -1,4 +1,4 @@
-// The Metal backend (see backend.hpp): float32, forward ops as one plan each.
+// The Metal backend (see backend.hpp): float32; every op is one plan, run as one submission.
 #include "metal/backend.hpp"
 
 #include <memory>
@@ -17,7 +17,7 @@ class MetalBackend final : public detail::Backend {
   explicit MetalBackend(Executor& e) : executor_(e) {}
   const char* name() const override { return executor_.name(); }
   bool computes_float64() const override { return false; }
-  bool has_gradients() const override { return false; }
+  bool runs_whole_ops() const override { return true; }
 
   Tensor allocate(const Shape& shape, DType dtype) override {
     return executor_.allocate(shape, dtype);
@@ -25,17 +25,8 @@ class MetalBackend final : public detail::Backend {
 
   bool forward_whole(const Problem& p, const detail::ForwardArrays& a) override {
     const Plan plan = plan_forward(p, MaskShape{a.mask_rows, a.mask_cols});
-    HostArrays arrays{};
+    HostArrays arrays = inputs(a);
     const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::Source, a.source);
-    put(Buffer::InputWeight, a.input_weight);
-    put(Buffer::RecurrentWeight, a.recurrent_weight);
-    put(Buffer::Bias, a.bias);
-    put(Buffer::InitState, a.init_state);
-    put(Buffer::InitCell, a.init_cell);
-    put(Buffer::Mask, a.mask);
-    put(Buffer::Peephole, a.peephole);
-    put(Buffer::SecondaryBias, a.secondary_bias);
     put(Buffer::State, a.state);
     put(Buffer::Cell, a.cell);
     put(Buffer::ZState, a.z_state);
@@ -43,7 +34,35 @@ class MetalBackend final : public detail::Backend {
     return true;
   }
 
-  // The whole-op path above replaces the step-by-step interface.
+  bool backward_whole(const Problem& p, const detail::BackwardArrays& a) override {
+    GradientShape gs;
+    gs.mask = MaskShape{a.fwd.mask_rows, a.fwd.mask_cols};
+    gs.dh_final = a.dh_final != nullptr;
+    gs.dc_final = a.dc_final != nullptr;
+    gs.dc_steps = a.dc_steps != nullptr;
+    gs.want_db2 = a.db2 != nullptr;
+    const Plan plan = plan_gradients(p, gs);
+    HostArrays arrays = inputs(a.fwd);
+    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
+    put(Buffer::ZState, a.z_state);
+    put(Buffer::StateFwd, a.h_fwd);
+    put(Buffer::CellFwd, a.c_fwd);
+    put(Buffer::SourceGradient, a.dy);
+    put(Buffer::StateGradient, a.dh_final);
+    put(Buffer::CellGradient, a.dc_final ? a.dc_final : a.dc_steps);
+    put(Buffer::DSource, a.dsource);
+    put(Buffer::DRecurrentWeight, a.dR);
+    put(Buffer::DInputWeight, a.dW);
+    put(Buffer::DBias, a.dbias);
+    put(Buffer::DInitState, a.dh0);
+    put(Buffer::DInitCell, a.dc0);
+    put(Buffer::DPeephole, a.dP);
+    put(Buffer::DSecondaryBias, a.db2);
+    executor_.run(plan, arrays);
+    return true;
+  }
+
+  // The whole-op paths above replace the step-by-step interface.
   void project(const Problem&, const void*, int64_t, const void*, const void*, void*) override {
     unreachable();
   }
@@ -55,6 +74,21 @@ class MetalBackend final : public detail::Backend {
   }
 
  private:
+  static HostArrays inputs(const detail::ForwardArrays& a) {
+    HostArrays arrays{};
+    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
+    put(Buffer::Source, a.source);
+    put(Buffer::InputWeight, a.input_weight);
+    put(Buffer::RecurrentWeight, a.recurrent_weight);
+    put(Buffer::Bias, a.bias);
+    put(Buffer::InitState, a.init_state);
+    put(Buffer::InitCell, a.init_cell);
+    put(Buffer::Mask, a.mask);
+    put(Buffer::Peephole, a.peephole);
+    put(Buffer::SecondaryBias, a.secondary_bias);
+    return arrays;
+  }
+
   [[noreturn]] void unreachable() const {
     throw Error(std::string("[") + name() + "] internal error: step-by-step call on a whole-op backend");
   }

@@ -14,18 +14,45 @@ using detail::OpKind;
 using detail::Problem;
 
 const char* buffer_name(Buffer b) {
-  static const char* names[kBufferCount] = {
-      "source", "input_weight", "recurrent_weight", "bias",   "init_state",
-      "init_cell", "mask",      "peephole",         "secondary_bias", "state",
-      "cell", "z_state", "projected (workspace)", "cell (workspace)", "step (workspace)"};
+  static const char* names[kBufferCount] = {"source",
+                                            "input_weight",
+                                            "recurrent_weight",
+                                            "bias",
+                                            "init_state",
+                                            "init_cell",
+                                            "mask",
+                                            "peephole",
+                                            "secondary_bias",
+                                            "state",
+                                            "cell",
+                                            "z_state",
+                                            "output_fwd",
+                                            "cell_output_fwd",
+                                            "source_gradient",
+                                            "state_gradient",
+                                            "cell_gradient",
+                                            "gradient of source",
+                                            "gradient of input_weight",
+                                            "gradient of recurrent_weight",
+                                            "gradient of bias",
+                                            "gradient of init_state",
+                                            "gradient of init_cell",
+                                            "gradient of peephole",
+                                            "gradient of secondary_bias",
+                                            "projected input (workspace)",
+                                            "cell (workspace)",
+                                            "step (workspace)",
+                                            "R^T (workspace)",
+                                            "dX' (workspace)",
+                                            "h~ (workspace)",
+                                            "r * h~ (workspace)",
+                                            "R deltas (workspace)",
+                                            "carry (workspace)",
+                                            "previous cell (workspace)"};
   return names[static_cast<int>(b)];
 }
 
-bool is_output(Buffer b) { return b == Buffer::State || b == Buffer::Cell || b == Buffer::ZState; }
-
-bool is_workspace(Buffer b) {
-  return b == Buffer::Projected || b == Buffer::CellScratch || b == Buffer::StepScratch;
-}
+bool is_workspace(Buffer b) { return b >= Buffer::Projected; }
 
 std::string Dispatch::pipeline_key() const {
   std::string key = kernel;
@@ -55,6 +82,62 @@ void set(Plan& plan, Buffer b, int64_t elements) {
   plan.sizes[static_cast<int>(b)] = elements * kF32;
 }
 
+// A buffer the plan writes.
+void set_out(Plan& plan, Buffer b, int64_t elements) {
+  set(plan, b, elements);
+  plan.writes[static_cast<int>(b)] = true;
+}
+
+// A buffer and an element offset into it; `used` false for an absent operand.
+struct Operand {
+  Buffer buffer = Buffer::Source;
+  int64_t offset = 0;
+  bool used = false;
+  Operand() = default;
+  Operand(Buffer b, int64_t elements) : buffer(b), offset(elements * kF32), used(true) {}
+};
+
+// C = A B (+ bias) over `batches` grid slices (see GemmParams).
+Dispatch gemm(Operand a, Operand b, Operand bias, Operand c, const k::GemmParams& g,
+              uint64_t batches) {
+  Dispatch d;
+  d.kernel = "gemm_f32";
+  d.constants = {{k::FC_HAS_WEIGHT, FunctionConstant::Type::Bool, b.used},
+                 {k::FC_HAS_BIAS, FunctionConstant::Type::Bool, bias.used}};
+  d.buffers.push_back({k::GB_A, a.buffer, a.offset});
+  if (b.used) d.buffers.push_back({k::GB_B, b.buffer, b.offset});
+  if (bias.used) d.buffers.push_back({k::GB_BIAS, bias.buffer, bias.offset});
+  d.buffers.push_back({k::GB_C, c.buffer, c.offset});
+  d.bytes.push_back(bytes_of(k::GB_PARAMS, g));
+  d.threadgroup_memory = (k::GEMM_TILE_M + k::GEMM_TILE_N) * k::GEMM_TILE_K * kF32;
+  d.threadgroups = {ceil_div(g.N, k::GEMM_TILE_N), ceil_div(g.M, k::GEMM_TILE_M), batches};
+  d.threads = {k::GEMM_THREADS, 1, 1};
+  return d;
+}
+
+// out[z][c] = sum_r A[z][r, c] (* S[z][r, c % s_mod]).
+Dispatch column_sums(Operand a, Operand scale, Operand out, const k::ColumnSumParams& c,
+                     uint64_t batches) {
+  Dispatch d;
+  d.kernel = "column_sums_f32";
+  d.constants = {{k::FC_HAS_SCALE, FunctionConstant::Type::Bool, scale.used}};
+  d.buffers.push_back({k::CB_A, a.buffer, a.offset});
+  if (scale.used) d.buffers.push_back({k::CB_S, scale.buffer, scale.offset});
+  d.buffers.push_back({k::CB_OUT, out.buffer, out.offset});
+  d.bytes.push_back(bytes_of(k::CB_PARAMS, c));
+  d.threadgroups = {ceil_div(c.cols, k::GEMM_THREADS), 1, batches};
+  d.threads = {k::GEMM_THREADS, 1, 1};
+  return d;
+}
+
+void check_extents(const char* op, std::initializer_list<std::pair<const char*, int64_t>> list) {
+  for (const auto& [what, elements] : list)
+    if (elements > kMaxElements)
+      throw ValueError(std::string("[") + op + "] device 'metal': " + what + " would have " +
+                       std::to_string(elements) + " elements; the Metal kernels index at most " +
+                       std::to_string(kMaxElements) + " (use device='cpu')");
+}
+
 }  // namespace
 
 Plan plan_forward(const Problem& p, const MaskShape& mask) {
@@ -65,20 +148,11 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   const bool reset_before = gru && !p.reset_after;
   const char* op = detail::op_name(p.op);
 
-  struct Extent {
-    const char* what;
-    int64_t elements;
-  };
-  const Extent extents[] = {{"source", T * N * K},
-                            {"the projected input", T * N * DGH},
-                            {"recurrent_weight", DGH * H},
-                            {"input_weight", DGH * K},
-                            {"z_state", T * N * D * p.ZG * H}};
-  for (const Extent& e : extents)
-    if (e.elements > kMaxElements)
-      throw ValueError(std::string("[") + op + "] device 'metal': " + e.what + " would have " +
-                       std::to_string(e.elements) + " elements; the Metal kernels index at most " +
-                       std::to_string(kMaxElements) + " (use device='cpu')");
+  check_extents(op, {{"source", T * N * K},
+                     {"the projected input", T * N * DGH},
+                     {"recurrent_weight", DGH * H},
+                     {"input_weight", DGH * K},
+                     {"z_state", T * N * D * p.ZG * H}});
 
   Plan plan;
   set(plan, Buffer::Source, T * N * K);
@@ -90,29 +164,22 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   if (p.has_mask) set(plan, Buffer::Mask, mask.rows * mask.cols);
   if (p.has_peephole) set(plan, Buffer::Peephole, D * 4 * H);
   if (gru && p.reset_after && p.has_secondary_bias) set(plan, Buffer::SecondaryBias, DH);
-  set(plan, Buffer::State, T * N * DH);
-  if (lstm) set(plan, p.produce_cell ? Buffer::Cell : Buffer::CellScratch, T * N * DH);
-  if (p.training) set(plan, Buffer::ZState, T * N * D * p.ZG * H);
-  if (project) set(plan, Buffer::Projected, T * N * DGH);
-  if (reset_before) set(plan, Buffer::StepScratch, 2 * N * DH);
+  set_out(plan, Buffer::State, T * N * DH);
+  if (lstm) set_out(plan, p.produce_cell ? Buffer::Cell : Buffer::CellScratch, T * N * DH);
+  if (p.training) set_out(plan, Buffer::ZState, T * N * D * p.ZG * H);
+  if (project) set_out(plan, Buffer::Projected, T * N * DGH);
+  if (reset_before) set_out(plan, Buffer::StepScratch, 2 * N * DH);
   if (T == 0 || N == 0 || H == 0) return plan;
 
   if (project) {
-    Dispatch d;
-    d.kernel = "projection_f32";
-    d.constants = {{k::FC_HAS_WEIGHT, FunctionConstant::Type::Bool, p.has_input_weight},
-                   {k::FC_HAS_BIAS, FunctionConstant::Type::Bool, p.has_bias}};
-    d.buffers.push_back({k::PB_X, Buffer::Source, 0});
-    if (p.has_input_weight) d.buffers.push_back({k::PB_W, Buffer::InputWeight, 0});
-    if (p.has_bias) d.buffers.push_back({k::PB_BIAS, Buffer::Bias, 0});
-    d.buffers.push_back({k::PB_Y, Buffer::Projected, 0});
-    const k::ProjectionParams params{int32_t(T * N), int32_t(K), int32_t(DGH),
-                                     int32_t(K),     int32_t(K), int32_t(DGH)};
-    d.bytes.push_back(bytes_of(k::PB_PARAMS, params));
-    d.threadgroup_memory = (k::GEMM_TILE_M + k::GEMM_TILE_N) * k::GEMM_TILE_K * kF32;
-    d.threadgroups = {ceil_div(DGH, k::GEMM_TILE_N), ceil_div(T * N, k::GEMM_TILE_M), 1};
-    d.threads = {k::GEMM_THREADS, 1, 1};
-    plan.dispatches.push_back(std::move(d));
+    // x' [T*N, DGH] = source [T*N, K] W^T (W is [DGH, K]) + bias; or source + bias.
+    k::GemmParams g{};
+    g.M = int32_t(T * N), g.N = int32_t(DGH), g.K = int32_t(K);
+    g.a_rs = int32_t(K), g.a_cs = 1, g.b_rs = 1, g.b_cs = int32_t(K), g.ldc = int32_t(DGH);
+    plan.dispatches.push_back(gemm({Buffer::Source, 0},
+                                   p.has_input_weight ? Operand{Buffer::InputWeight, 0} : Operand{},
+                                   p.has_bias ? Operand{Buffer::Bias, 0} : Operand{},
+                                   {Buffer::Projected, 0}, g, 1));
   }
 
   // Everything but the step number is the same for every step.
@@ -218,6 +285,202 @@ void check_limits(const Plan& plan) {
                     std::to_string(plan.size(b.buffer)) + " bytes");
     }
   }
+}
+
+}  // namespace rnncore::metal
+
+namespace rnncore::metal {
+
+Plan plan_gradients(const Problem& p, const GradientShape& gs) {
+  const int64_t T = p.T, N = p.N, H = p.H, D = p.D, G = p.G, GH = G * H, DH = D * H,
+                DGH = D * GH, TN = T * N;
+  const bool W = p.has_input_weight;
+  const int64_t K = W ? p.I : DGH;
+  const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
+  const bool reset_before = gru && !p.reset_after, reset_after = gru && p.reset_after;
+  const bool peephole = lstm && p.has_peephole, init_cell = lstm && p.has_init_cell;
+  const char* op = detail::op_name(p.op);
+  check_extents(op, {{"source", TN * K},
+                     {"the projected-input gradient", TN * DGH},
+                     {"recurrent_weight", DGH * H},
+                     {"input_weight", DGH * K},
+                     {"z_state", TN * D * p.ZG * H}});
+
+  Plan plan;
+  set(plan, Buffer::Source, TN * K);
+  set(plan, Buffer::RecurrentWeight, DGH * H);
+  if (W) set(plan, Buffer::InputWeight, DGH * K);
+  if (p.has_init_state) set(plan, Buffer::InitState, N * DH);
+  if (init_cell) set(plan, Buffer::InitCell, N * DH);
+  if (p.has_mask) set(plan, Buffer::Mask, gs.mask.rows * gs.mask.cols);
+  if (peephole) set(plan, Buffer::Peephole, D * 4 * H);
+  set(plan, Buffer::ZState, TN * D * p.ZG * H);
+  if (gru) set(plan, Buffer::StateFwd, TN * DH);
+  if (lstm) set(plan, Buffer::CellFwd, TN * DH);
+  set(plan, Buffer::SourceGradient, TN * DH);
+  if (gs.dh_final) set(plan, Buffer::StateGradient, N * DH);
+  if (gs.dc_final) set(plan, Buffer::CellGradient, N * DH);
+  if (gs.dc_steps) set(plan, Buffer::CellGradient, TN * DH);
+
+  set_out(plan, Buffer::DRecurrentWeight, DGH * H);
+  set_out(plan, Buffer::DSource, TN * K);
+  if (W) set_out(plan, Buffer::DInputWeight, DGH * K);
+  if (p.has_bias) set_out(plan, Buffer::DBias, DGH);
+  if (p.has_init_state) set_out(plan, Buffer::DInitState, N * DH);
+  if (init_cell) set_out(plan, Buffer::DInitCell, N * DH);
+  if (peephole) set_out(plan, Buffer::DPeephole, D * 4 * H);
+  if (gs.want_db2) set_out(plan, Buffer::DSecondaryBias, DH);
+  set_out(plan, Buffer::RecurrentT, DGH * H);
+  if (W) set_out(plan, Buffer::DProjected, TN * DGH);
+  set_out(plan, Buffer::HTilde, TN * DH);
+  if (reset_before) set_out(plan, Buffer::UInput, TN * DH);
+  if (reset_after) set_out(plan, Buffer::RDelta, TN * DGH);
+  set_out(plan, Buffer::Carry, 3 * N * DH);
+  if (peephole) set_out(plan, Buffer::CellPrev, TN * DH);
+  if (T == 0 || N == 0 || H == 0) return plan;
+  const Buffer dxp = W ? Buffer::DProjected : Buffer::DSource;
+
+  {  // R^T per direction, for the steps' products with R.
+    Dispatch d;
+    d.kernel = "transpose_f32";
+    d.buffers = {{k::TB_IN, Buffer::RecurrentWeight, 0}, {k::TB_OUT, Buffer::RecurrentT, 0}};
+    const k::TransposeParams t{int32_t(GH), int32_t(H), int32_t(GH * H)};
+    d.bytes.push_back(bytes_of(k::TB_PARAMS, t));
+    d.threadgroups = {ceil_div(GH * H, k::GEMM_THREADS), 1, uint64_t(D)};
+    d.threads = {k::GEMM_THREADS, 1, 1};
+    plan.dispatches.push_back(std::move(d));
+  }
+
+  Dispatch step;
+  using B = FunctionConstant::Type;
+  const auto act = [&](int g) { return g < G ? static_cast<int32_t>(p.gate_act[g]) : 0; };
+  step.constants = {{k::FC_HAS_INIT_STATE, B::Bool, p.has_init_state},
+                    {k::FC_HAS_INIT_CELL, B::Bool, init_cell},
+                    {k::FC_HAS_MASK, B::Bool, p.has_mask},
+                    {k::FC_HAS_PEEPHOLE, B::Bool, peephole},
+                    {k::FC_FLIP_Z, B::Bool, gru && p.flip_z},
+                    {k::FC_HAS_DH_FINAL, B::Bool, gs.dh_final},
+                    {k::FC_HAS_DC_FINAL, B::Bool, gs.dc_final},
+                    {k::FC_HAS_DC_STEPS, B::Bool, gs.dc_steps},
+                    {k::FC_WANT_DH0, B::Bool, p.has_init_state},
+                    {k::FC_WANT_DC0, B::Bool, init_cell},
+                    {k::FC_HAS_HFWD, B::Bool, gru},
+                    {k::FC_HAS_CFWD, B::Bool, lstm},
+                    {k::FC_HAS_RDELTA, B::Bool, reset_after},
+                    {k::FC_HAS_U, B::Bool, reset_before},
+                    {k::FC_ACT_0, B::Int, act(0)},
+                    {k::FC_ACT_1, B::Int, act(1)},
+                    {k::FC_ACT_2, B::Int, act(2)},
+                    {k::FC_ACT_3, B::Int, act(3)},
+                    {k::FC_CELL_ACT, B::Int, static_cast<int32_t>(p.cell_act)},
+                    {k::FC_GATE_A, B::Int, int32_t(lstm ? p.lstm_i : gru ? p.gru_z : 0)},
+                    {k::FC_GATE_B, B::Int, int32_t(lstm ? p.lstm_f : gru ? p.gru_r : 0)},
+                    {k::FC_GATE_C, B::Int, int32_t(lstm ? p.lstm_z : 0)},
+                    {k::FC_GATE_D, B::Int, int32_t(lstm ? p.lstm_o : 0)}};
+  const auto bind = [&](uint32_t index, Buffer b) { step.buffers.push_back({index, b, 0}); };
+  bind(k::BB_RT, Buffer::RecurrentT);
+  bind(k::BB_Z, Buffer::ZState);
+  if (gru) bind(k::BB_HFWD, Buffer::StateFwd);
+  if (lstm) bind(k::BB_CFWD, Buffer::CellFwd);
+  if (p.has_init_state) bind(k::BB_H0, Buffer::InitState);
+  if (init_cell) bind(k::BB_C0, Buffer::InitCell);
+  if (p.has_mask) bind(k::BB_MASK, Buffer::Mask);
+  if (peephole) bind(k::BB_PEEPHOLE, Buffer::Peephole);
+  bind(k::BB_DY, Buffer::SourceGradient);
+  if (gs.dh_final) bind(k::BB_DH_FINAL, Buffer::StateGradient);
+  if (gs.dc_final) bind(k::BB_DC_FINAL, Buffer::CellGradient);
+  if (gs.dc_steps) bind(k::BB_DC_STEPS, Buffer::CellGradient);
+  bind(k::BB_DXP, dxp);
+  if (reset_after) bind(k::BB_RDELTA, Buffer::RDelta);
+  bind(k::BB_HTILDE, Buffer::HTilde);
+  if (reset_before) bind(k::BB_U, Buffer::UInput);
+  bind(k::BB_CARRY, Buffer::Carry);
+  if (peephole) bind(k::BB_CPREV, Buffer::CellPrev);
+  if (p.has_init_state) bind(k::BB_DH0, Buffer::DInitState);
+  if (init_cell) bind(k::BB_DC0, Buffer::DInitCell);
+  const int nb = batch_tile(N);
+  step.threadgroups = {ceil_div(H, k::STEP_SIMDGROUPS), ceil_div(N, nb), uint64_t(D)};
+  step.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
+  const std::string tile = "_b" + std::to_string(nb) + "_f32";
+  std::vector<std::string> kernels;
+  if (p.op == OpKind::Rnn) kernels = {"rnn_backward" + tile};
+  if (lstm) kernels = {"lstm_backward" + tile};
+  if (reset_after) kernels = {"gru_backward" + tile};
+  if (reset_before) kernels = {"gru_backward_zo" + tile, "gru_backward_r" + tile};
+
+  k::BackwardParams params{};
+  params.T = int32_t(T);
+  params.N = int32_t(N);
+  params.H = int32_t(H);
+  params.reverse = D == 1 && p.reverse;
+  params.xp_ld = int32_t(DGH);
+  params.y_ld = int32_t(DH);
+  params.z_ld = int32_t(D * p.ZG * H);
+  params.mask_rs = int32_t(gs.mask.rows == 1 ? 0 : gs.mask.cols);
+  params.mask_cs = int32_t(gs.mask.cols == 1 ? 0 : 1);
+  for (int64_t s = T - 1; s >= -1; --s) {
+    params.step = int32_t(s);
+    // Step -1 only carries the last deltas into the initial-state gradients.
+    const size_t count = s < 0 ? 1 : kernels.size();
+    for (size_t i = 0; i < count; ++i) {
+      Dispatch d = step;
+      d.kernel = kernels[i];
+      d.bytes.push_back(bytes_of(k::BB_PARAMS, params));
+      plan.dispatches.push_back(std::move(d));
+    }
+  }
+
+  // dR[d] = delta^T V over all steps: V = h~, or r * h~ for a reset-before candidate's rows.
+  const Buffer delta = reset_after ? Buffer::RDelta : dxp;
+  const auto weight_gradient = [&](int64_t row0, int64_t rows, Buffer v) {
+    k::GemmParams g{};
+    g.M = int32_t(rows), g.N = int32_t(H), g.K = int32_t(TN);
+    g.a_rs = 1, g.a_cs = int32_t(DGH), g.a_zs = int32_t(GH);
+    g.b_rs = int32_t(DH), g.b_cs = 1, g.b_zs = int32_t(H);
+    g.ldc = int32_t(H), g.c_zs = int32_t(GH * H);
+    plan.dispatches.push_back(gemm({delta, row0}, {v, 0}, {}, {Buffer::DRecurrentWeight, row0 * H},
+                                   g, uint64_t(D)));
+  };
+  if (reset_before) {
+    weight_gradient(0, 2 * H, Buffer::HTilde);
+    weight_gradient(2 * H, H, Buffer::UInput);
+  } else {
+    weight_gradient(0, GH, Buffer::HTilde);
+  }
+
+  if (W && K > 0) {
+    k::GemmParams g{};  // dsource [TN, I] = dX' [TN, DGH] W [DGH, I]
+    g.M = int32_t(TN), g.N = int32_t(K), g.K = int32_t(DGH);
+    g.a_rs = int32_t(DGH), g.a_cs = 1, g.b_rs = int32_t(K), g.b_cs = 1, g.ldc = int32_t(K);
+    plan.dispatches.push_back(
+        gemm({dxp, 0}, {Buffer::InputWeight, 0}, {}, {Buffer::DSource, 0}, g, 1));
+    k::GemmParams w{};  // dW [DGH, I] = dX'^T source
+    w.M = int32_t(DGH), w.N = int32_t(K), w.K = int32_t(TN);
+    w.a_rs = 1, w.a_cs = int32_t(DGH), w.b_rs = int32_t(K), w.b_cs = 1, w.ldc = int32_t(K);
+    plan.dispatches.push_back(
+        gemm({dxp, 0}, {Buffer::Source, 0}, {}, {Buffer::DInputWeight, 0}, w, 1));
+  }
+  if (p.has_bias) {
+    k::ColumnSumParams c{};
+    c.rows = int32_t(TN), c.cols = int32_t(DGH), c.lda = int32_t(DGH), c.s_mod = 1;
+    plan.dispatches.push_back(column_sums({dxp, 0}, {}, {Buffer::DBias, 0}, c, 1));
+  }
+  if (gs.want_db2) {  // the secondary bias sits inside q: its gradient sums dq
+    k::ColumnSumParams c{};
+    c.rows = int32_t(TN), c.cols = int32_t(H), c.lda = int32_t(DGH), c.s_mod = 1;
+    c.a_zs = int32_t(GH), c.out_zs = int32_t(H);
+    plan.dispatches.push_back(
+        column_sums({Buffer::RDelta, 2 * H}, {}, {Buffer::DSecondaryBias, 0}, c, uint64_t(D)));
+  }
+  if (peephole) {  // dP[g, u] = sum over steps and rows of da_g[u] * c_prev[u]
+    k::ColumnSumParams c{};
+    c.rows = int32_t(TN), c.cols = int32_t(4 * H), c.lda = int32_t(DGH);
+    c.lds = int32_t(DH), c.s_mod = int32_t(H);
+    c.a_zs = int32_t(GH), c.s_zs = int32_t(H), c.out_zs = int32_t(4 * H);
+    plan.dispatches.push_back(column_sums({dxp, 0}, {Buffer::CellPrev, 0},
+                                          {Buffer::DPeephole, 0}, c, uint64_t(D)));
+  }
+  return plan;
 }
 
 }  // namespace rnncore::metal

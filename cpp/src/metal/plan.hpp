@@ -25,16 +25,35 @@ enum class Buffer : uint8_t {
   Mask,
   Peephole,
   SecondaryBias,
-  State,      // output
-  Cell,       // LSTM cell output
-  ZState,     // training state output
-  Projected,  // workspace: x' = source * W^T + bias
-  CellScratch,  // workspace: LSTM cell when no cell output is returned
-  StepScratch,  // workspace: GRU reset-before per-step z gate and r * h~
+  State,   // forward outputs
+  Cell,    // LSTM cell output
+  ZState,  // training state (written by the forward, read by the gradients)
+  StateFwd,        // gradient inputs: GRU output_fwd
+  CellFwd,         // LSTM cell_output_fwd
+  SourceGradient,  // dL/dstate
+  StateGradient,
+  CellGradient,    // [N, D*H] or [T, N, D*H]
+  DSource,  // gradient outputs
+  DInputWeight,
+  DRecurrentWeight,
+  DBias,
+  DInitState,
+  DInitCell,
+  DPeephole,
+  DSecondaryBias,
+  Projected,    // workspace: x' = source * W^T + bias
+  CellScratch,  // LSTM cell when no cell output is returned
+  StepScratch,  // GRU reset-before per-step z gate and r * h~
+  RecurrentT,   // gradients: R^T
+  DProjected,   // dX' (when there is an input weight; else it is DSource)
+  HTilde,       // masked previous state of every step
+  UInput,       // GRU reset-before: r * h~ of every step
+  RDelta,       // GRU reset-after: the deltas R sees
+  Carry,        // [3, N, D*H] carried between gradient steps
+  CellPrev,     // LSTM with peepholes: previous cell of every step
 };
-inline constexpr int kBufferCount = 15;
+inline constexpr int kBufferCount = 38;
 const char* buffer_name(Buffer b);
-bool is_output(Buffer b);
 bool is_workspace(Buffer b);
 
 struct Binding {
@@ -78,6 +97,10 @@ struct Plan {
   // Size in bytes of every buffer the plan reads or writes (0: not used, or an empty array
   // such as a source with I = 0: bound, never read; executors bind a placeholder).
   std::array<int64_t, kBufferCount> sizes{};
+  // Buffers the plan writes (outputs; workspace too). An executor may only bind memory it
+  // can write in place here.
+  std::array<bool, kBufferCount> writes{};
+  bool written(Buffer b) const { return writes[static_cast<int>(b)]; }
   // Workspace buffers start as NaN in the emulator, so a read of an unwritten element shows.
   int64_t size(Buffer b) const { return sizes[static_cast<int>(b)]; }
 };
@@ -98,6 +121,21 @@ struct MaskShape {
 // The dispatches of a forward op (float32). Throws rnncore::ValueError naming the op for
 // shapes the kernels do not support (indices beyond 32 bits).
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
+
+// Which gradient inputs and outputs a gradient call has (beyond what Problem says).
+struct GradientShape {
+  MaskShape mask;
+  bool dh_final = false;   // state_gradient
+  bool dc_final = false;   // LSTM cell_gradient [N, D*H]
+  bool dc_steps = false;   // LSTM cell_gradient [T, N, D*H]
+  bool want_db2 = false;   // GRU reset-after with a secondary bias
+};
+
+// The dispatches of a gradient op (float32): R^T, the gradient steps from T-1 down to 0
+// (two dispatches per step for a reset-before GRU) and one for the initial-state
+// gradients, then dR, dsource, dW as GEMMs and the bias, secondary-bias and peephole
+// gradients as column sums.
+Plan plan_gradients(const detail::Problem& p, const GradientShape& g);
 
 // Checks a plan against Limits; throws rnncore::Error describing the first violation.
 void check_limits(const Plan& plan);

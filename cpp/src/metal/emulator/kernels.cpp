@@ -3,7 +3,7 @@
 #include "metal/emulator/shim.hpp"
 
 // clang-format off
-#include "projection.metal"
+#include "gemm.metal"
 #include "rnn.metal"
 #include "lstm.metal"
 #include "gru.metal"

@@ -73,16 +73,46 @@ void step_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
 }
 
 template <class T, class Kernel>
-void projection_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+void gemm_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
   using namespace rnncore::kernels;
-  kernel(static_cast<const T*>(a.buffers[PB_X]), static_cast<const T*>(a.buffers[PB_W]),
-         static_cast<const T*>(a.buffers[PB_BIAS]), static_cast<T*>(a.buffers[PB_Y]),
-         *static_cast<const ProjectionParams*>(a.bytes[PB_PARAMS]),
+  kernel(static_cast<const T*>(a.buffers[GB_A]), static_cast<const T*>(a.buffers[GB_B]),
+         static_cast<const T*>(a.buffers[GB_BIAS]), static_cast<T*>(a.buffers[GB_C]),
+         *static_cast<const GemmParams*>(a.bytes[GB_PARAMS]),
          static_cast<float*>(a.threadgroup_memory), id.tgid, id.tid);
+}
+
+template <class T, class Kernel>
+void column_sums_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+  using namespace rnncore::kernels;
+  kernel(static_cast<const T*>(a.buffers[CB_A]), static_cast<const T*>(a.buffers[CB_S]),
+         static_cast<T*>(a.buffers[CB_OUT]),
+         *static_cast<const ColumnSumParams*>(a.bytes[CB_PARAMS]), id.tgid, id.tid);
+}
+
+template <class T, class Kernel>
+void transpose_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+  using namespace rnncore::kernels;
+  kernel(static_cast<const T*>(a.buffers[TB_IN]), static_cast<T*>(a.buffers[TB_OUT]),
+         *static_cast<const TransposeParams*>(a.bytes[TB_PARAMS]), id.tgid, id.tid);
+}
+
+template <class T, class Kernel>
+void backward_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
+  using namespace rnncore::kernels;
+  const auto in = [&](int i) { return static_cast<const T*>(a.buffers[i]); };
+  const auto out = [&](int i) { return static_cast<T*>(a.buffers[i]); };
+  kernel(in(BB_RT), in(BB_Z), in(BB_HFWD), in(BB_CFWD), in(BB_H0), in(BB_C0), in(BB_MASK),
+         in(BB_PEEPHOLE), in(BB_DY), in(BB_DH_FINAL), in(BB_DC_FINAL), in(BB_DC_STEPS),
+         out(BB_DXP), out(BB_RDELTA), out(BB_HTILDE), out(BB_U), out(BB_CARRY), out(BB_CPREV),
+         out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]),
+         id.tgid, id.sg, id.lane);
 }
 
 }  // namespace rnncore::metal::emu
 
-using rnncore::metal::emu::projection_adapter;
+using rnncore::metal::emu::backward_adapter;
+using rnncore::metal::emu::column_sums_adapter;
+using rnncore::metal::emu::gemm_adapter;
 using rnncore::metal::emu::step_adapter;
+using rnncore::metal::emu::transpose_adapter;
 

@@ -27,6 +27,12 @@ using uint = uint32_t;
 using ushort = uint16_t;
 using uint3 = rnncore::metal::emu::uint3;
 
+struct float2 {
+  float x = 0.0f, y = 0.0f;
+  float2() = default;
+  constexpr float2(float a, float b) : x(a), y(b) {}
+};
+
 template <class T>
 inline T min(T a, T b) {
   return b < a ? b : a;
