@@ -5,6 +5,7 @@
 //
 // RNNCORE_EMULATOR_SCHEDULE=shuffle[:seed] runs the threads of each threadgroup in a random
 // order each round (default: in order); results must not depend on it.
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu/thread_pool.hpp"
 #include "metal/emulator/registry.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
@@ -84,7 +86,6 @@ class EmulatorExecutor final : public Executor {
         base[b] = const_cast<void*>(arrays[b]);
       }
     }
-    std::vector<float> tg_memory;
     for (const Dispatch& d : plan.dispatches) {
       const KernelAdapter adapter = find_kernel(d.kernel);
       ConstantValues values;
@@ -92,21 +93,28 @@ class EmulatorExecutor final : public Executor {
         values.value[c.index] = c.value;
         values.defined[c.index] = true;
       }
-      apply_function_constants(values);
       KernelArgs args;
       for (const Binding& b : d.buffers)
         args.buffers[b.index] = static_cast<char*>(base[static_cast<int>(b.buffer)]) + b.offset;
       for (const BytesArg& b : d.bytes) args.bytes[b.index] = b.data.data();
-      tg_memory.resize(d.threadgroup_memory / 4);
-      args.threadgroup_memory = d.threadgroup_memory ? tg_memory.data() : nullptr;
-      GroupContext ctx{adapter, &args};
-      for (uint64_t z = 0; z < d.threadgroups.z; ++z)
-        for (uint64_t y = 0; y < d.threadgroups.y; ++y)
-          for (uint64_t x = 0; x < d.threadgroups.x; ++x) {
-            poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
-            run_threadgroup(d.kernel, d.threads, {uint32_t(x), uint32_t(y), uint32_t(z)},
-                            schedule, &run_thread, &ctx);
-          }
+      // Threadgroups are independent (as on the GPU): they run on the CPU backend's
+      // threads, each with its own threadgroup memory and function-constant values.
+      const Size3 grid = d.threadgroups;
+      const uint64_t groups = grid.volume();
+      const int want = static_cast<int>(std::min<uint64_t>(groups, 64));
+      cpu::ThreadPool::instance().run(want, [&](int tid, int team) {
+        apply_function_constants(values);
+        std::vector<float> tg_memory(d.threadgroup_memory / 4);
+        KernelArgs mine = args;
+        mine.threadgroup_memory = d.threadgroup_memory ? tg_memory.data() : nullptr;
+        GroupContext ctx{adapter, &mine};
+        for (uint64_t g = static_cast<uint64_t>(tid); g < groups; g += static_cast<uint64_t>(team)) {
+          poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
+          const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
+                         uint32_t(g / (grid.x * grid.y))};
+          run_threadgroup(d.kernel, d.threads, id, schedule, &run_thread, &ctx);
+        }
+      });
     }
   }
 };

@@ -1,5 +1,7 @@
-// User-space context switch: callee-saved registers and the floating-point control words
-// are pushed on the running stack, the stack pointer is swapped. x86-64 (System V) and
+// User-space context switch: callee-saved registers are pushed on the running stack, the
+// stack pointer is swapped. The floating-point control words are not switched: fibers
+// share their thread's (kernels never change rounding), and loading them costs more than
+// the rest of the switch. x86-64 (System V) and
 // AArch64 in a few lines of assembly; other machines fall back to ucontext, which works
 // but makes a system call per switch (about 30 times slower).
 #include "metal/emulator/fiber.hpp"
@@ -29,16 +31,14 @@ extern "C" void rnncore_emu_trampoline();
 #endif
 
 #if defined(__x86_64__)
-// Frame: [mxcsr, x87 cw][r15 r14 r13 r12 rbx rbp][return address]. The trampoline starts
-// a fiber with arg in r12 and entry in r13.
+// Frame: [r15 r14 r13 r12 rbx rbp][return address]. The trampoline starts a fiber with arg
+// in r12 and entry in r13.
 asm(".text\n"
     ".p2align 4\n"
     ".globl " RNNCORE_SYM(rnncore_emu_switch) "\n" RNNCORE_HIDDEN(rnncore_emu_switch)
     RNNCORE_SYM(rnncore_emu_switch) ":\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
     "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
     "  ret\n"
     ".p2align 4\n"
@@ -46,7 +46,7 @@ asm(".text\n"
     RNNCORE_SYM(rnncore_emu_trampoline) ":\n"
     "  movq %r12, %rdi\n  callq *%r13\n  ud2\n");
 #elif defined(__aarch64__)
-// Frame (176 bytes): x19-x30, d8-d15, fpcr. The trampoline starts a fiber with arg in x19
+// Frame (176 bytes): x19-x30, d8-d15. The trampoline starts a fiber with arg in x19
 // and entry in x20.
 asm(".text\n"
     ".p2align 4\n"
@@ -56,12 +56,12 @@ asm(".text\n"
     "  stp x19, x20, [sp, #0]\n  stp x21, x22, [sp, #16]\n  stp x23, x24, [sp, #32]\n"
     "  stp x25, x26, [sp, #48]\n  stp x27, x28, [sp, #64]\n  stp x29, x30, [sp, #80]\n"
     "  stp d8, d9, [sp, #96]\n  stp d10, d11, [sp, #112]\n  stp d12, d13, [sp, #128]\n"
-    "  stp d14, d15, [sp, #144]\n  mrs x9, fpcr\n  str x9, [sp, #160]\n"
+    "  stp d14, d15, [sp, #144]\n"
     "  mov x9, sp\n  str x9, [x0]\n  mov sp, x1\n"
     "  ldp x19, x20, [sp, #0]\n  ldp x21, x22, [sp, #16]\n  ldp x23, x24, [sp, #32]\n"
     "  ldp x25, x26, [sp, #48]\n  ldp x27, x28, [sp, #64]\n  ldp x29, x30, [sp, #80]\n"
     "  ldp d8, d9, [sp, #96]\n  ldp d10, d11, [sp, #112]\n  ldp d12, d13, [sp, #128]\n"
-    "  ldp d14, d15, [sp, #144]\n  ldr x9, [sp, #160]\n  msr fpcr, x9\n"
+    "  ldp d14, d15, [sp, #144]\n"
     "  add sp, sp, #176\n  ret\n"
     ".p2align 4\n"
     ".globl " RNNCORE_SYM(rnncore_emu_trampoline) "\n" RNNCORE_HIDDEN(rnncore_emu_trampoline)
@@ -111,15 +111,16 @@ std::unique_ptr<Fiber> Fiber::for_current_thread() {
 void Fiber::start(Entry entry, void* arg) {
   auto top = reinterpret_cast<uintptr_t>(impl_->map + impl_->map_bytes) & ~uintptr_t(15);
 #if defined(__x86_64__)
-  auto* f = reinterpret_cast<uint64_t*>(top - 64);
-  f[0] = 0x037Full << 32 | 0x1F80;  // mxcsr, x87 control word: the ABI's initial values
-  f[1] = 0;                          // r15
-  f[2] = 0;                          // r14
-  f[3] = reinterpret_cast<uint64_t>(entry);  // r13
-  f[4] = reinterpret_cast<uint64_t>(arg);    // r12
-  f[5] = 0;                                  // rbx
-  f[6] = 0;                                  // rbp
-  f[7] = reinterpret_cast<uint64_t>(&rnncore_emu_trampoline);
+  // The return address sits just below `top`: after `ret` the stack is 16-byte aligned, as
+  // the trampoline's call expects.
+  auto* f = reinterpret_cast<uint64_t*>(top - 56);
+  f[0] = 0;                                  // r15
+  f[1] = 0;                                  // r14
+  f[2] = reinterpret_cast<uint64_t>(entry);  // r13
+  f[3] = reinterpret_cast<uint64_t>(arg);    // r12
+  f[4] = 0;                                  // rbx
+  f[5] = 0;                                  // rbp
+  f[6] = reinterpret_cast<uint64_t>(&rnncore_emu_trampoline);
 #else
   auto* f = reinterpret_cast<uint64_t*>(top - 176);
   for (int i = 0; i < 22; ++i) f[i] = 0;

@@ -8,7 +8,6 @@
 #include <exception>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <vector>
 
 #include "metal/emulator/fiber.hpp"
@@ -38,6 +37,7 @@ class Scheduler {
   struct SimdGroup {
     uint64_t slots[2][kSimdWidth];
     uint32_t active[2];
+    SimdView::Shared shared[2];
     uint32_t lanes;  // mask of lanes that exist
   };
   struct Arg {
@@ -46,7 +46,20 @@ class Scheduler {
   };
 
   static void entry(void* arg);
-  void yield() { Fiber::switch_to(*fibers_[current_], *main_); }
+  // Hands over to the next ready thread of this round directly (half the switches of going
+  // through the driver), or back to the driver at the end of the round.
+  void yield() {
+    Fiber& from = *fibers_[current_];
+    while (++position_ < order_.size()) {
+      const uint32_t next = order_[position_];
+      if (threads_[next].state == State::Ready) {
+        current_ = next;
+        Fiber::switch_to(from, *fibers_[next]);
+        return;
+      }
+    }
+    Fiber::switch_to(from, *main_);
+  }
   bool release_simd();
   bool release_barrier();
   [[noreturn]] void fail(const std::string& what) const;
@@ -58,6 +71,8 @@ class Scheduler {
   std::vector<Thread> threads_;
   std::vector<SimdGroup> groups_;
   uint32_t current_ = 0;
+  std::vector<uint32_t> order_;  // this round's order
+  size_t position_ = 0;          // of current_ in order_
   ThreadBody body_ = nullptr;
   void* ctx_ = nullptr;
   const std::string* kernel_ = nullptr;
@@ -114,9 +129,17 @@ void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3
     fibers_[i]->start(&Scheduler::entry, &args_[i]);
   }
 
-  std::vector<uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  std::mt19937_64 rng(schedule.seed);
+  order_.resize(n);
+  std::iota(order_.begin(), order_.end(), 0u);
+  // splitmix64, seeded per threadgroup so the order does not depend on which OS thread
+  // runs the group.
+  uint64_t state = schedule.seed ^ (tgid.x + 0x9E3779B97F4A7C15ull * (tgid.y + 0x10001ull * tgid.z));
+  const auto next_random = [&state] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
   Scheduler* outer = g_running;
   g_running = this;
   struct Restore {
@@ -124,13 +147,17 @@ void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3
     ~Restore() { g_running = outer; }
   } restore{outer};
   for (;;) {
-    if (schedule.shuffle) std::shuffle(order.begin(), order.end(), rng);
-    for (uint32_t i : order) {
+    if (schedule.shuffle)
+      for (uint32_t i = n - 1; i > 0; --i) std::swap(order_[i], order_[next_random() % (i + 1)]);
+    // Start the round at its first ready thread; the threads pass control along (yield).
+    for (position_ = 0; position_ < n; ++position_) {
+      const uint32_t i = order_[position_];
       if (threads_[i].state != State::Ready) continue;
       current_ = i;
       Fiber::switch_to(*main_, *fibers_[i]);
-      if (error_) std::rethrow_exception(error_);
+      break;
     }
+    if (error_) std::rethrow_exception(error_);
     bool done = true;
     for (const Thread& t : threads_) done = done && t.state == State::Done;
     if (done) return;
@@ -180,6 +207,7 @@ bool Scheduler::release_simd() {
     }
     if (!waiting || blocked) continue;
     grp.active[seq & 1] = waiting;
+    grp.shared[seq & 1] = {0, 0};
     for (uint32_t l = 0; l < kSimdWidth; ++l)
       if (waiting >> l & 1) threads_[g * kSimdWidth + l].state = State::Ready;
     released = true;
@@ -232,7 +260,7 @@ SimdView Scheduler::simd(uint64_t bits, const void* site) {
   t.site = site;
   yield();
   ++t.simd_seq;
-  return {grp.slots[seq & 1], grp.active[seq & 1], t.ids.lane};
+  return {grp.slots[seq & 1], grp.active[seq & 1], t.ids.lane, &grp.shared[seq & 1]};
 }
 
 }  // namespace

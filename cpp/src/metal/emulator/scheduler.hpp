@@ -48,6 +48,12 @@ struct SimdView {
   const uint64_t* slots;
   uint32_t active;
   uint32_t lane;
+  // A reduction every lane computes identically is computed by the first lane to read and
+  // kept here for the others: `kind` names the operation (0 = none yet).
+  struct Shared {
+    int kind;
+    uint64_t bits;
+  } * shared;
 };
 SimdView simd_collective(uint64_t bits, const void* site);
 

@@ -56,25 +56,33 @@ inline T clamp(T x, T lo, T hi) {
   return rnncore::metal::emu::simd_collective(bits, __builtin_return_address(0));
 }
 
-// Sums over the active lanes (lane order; the GPU's tree order may round differently).
-template <class T>
-T simd_sum(T v) {
+// Reductions over the active lanes, in lane order (the GPU's tree order may round
+// differently); computed once per simdgroup and shared with the other lanes.
+template <class T, class Op>
+T simd_reduce(T v, int kind, Op op) {
   using namespace rnncore::metal::emu;
   const SimdView s = simd_exchange(to_bits(v));
+  if (s.shared->kind == kind) return from_bits<T>(s.shared->bits);
+  bool first = true;
   T r = T(0);
-  for (uint32_t l = 0; l < kSimdWidth; ++l)
-    if (s.active >> l & 1) r += from_bits<T>(s.slots[l]);
+  for (uint32_t l = 0; l < kSimdWidth; ++l) {
+    if (!(s.active >> l & 1)) continue;
+    const T x = from_bits<T>(s.slots[l]);
+    r = first ? x : op(r, x);
+    first = false;
+  }
+  *s.shared = {kind, to_bits(r)};
   return r;
 }
 
 template <class T>
+T simd_sum(T v) {
+  return simd_reduce(v, 1, [](T a, T b) { return a + b; });
+}
+
+template <class T>
 T simd_max(T v) {
-  using namespace rnncore::metal::emu;
-  const SimdView s = simd_exchange(to_bits(v));
-  T r = v;
-  for (uint32_t l = 0; l < kSimdWidth; ++l)
-    if (s.active >> l & 1) r = max(r, from_bits<T>(s.slots[l]));
-  return r;
+  return simd_reduce(v, 2, [](T a, T b) { return max(a, b); });
 }
 
 template <class T>
