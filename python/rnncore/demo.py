@@ -192,7 +192,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         description="Train a GRU and an LSTM on the adding problem with numpy and rnncore; "
         "exit status 0 when every model reaches its target.",
     )
-    parser.add_argument("--device", help="cpu or metal (default: the best available)")
+    parser.add_argument(
+        "--device", help="cpu, metal or metal-emulated (default: the best available)"
+    )
     parser.add_argument("--model", choices=("gru", "lstm", "both"), default="both")
     parser.add_argument(
         "--epochs", type=int, help="at most this many epochs (default 30, or 4 with --quick)"
