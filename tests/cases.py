@@ -15,7 +15,8 @@ import rnncore
 
 KINDS = ("rnn", "lstm", "gru")
 GATES = {"rnn": 1, "lstm": 4, "gru": 3}
-DTYPES = (np.float32, np.float64)
+# float64 runs on the CPU only, float16 (storage, float32 arithmetic) on Metal devices only.
+DTYPES = (np.float32, np.float64, np.float16)
 
 # Forms of the mask that broadcast to [N, D·H] (the contract's list).
 MASK_FORMS = ("scalar", "dh", "1dh", "n1", "ndh")
@@ -71,10 +72,18 @@ def make_descriptor(kind, **fields):
     return getattr(rnncore, _DESCRIPTORS[kind])(**fields)
 
 
+def supported(device, dtype):
+    """float64 is a CPU-only dtype (api.md), float16 a Metal-only one."""
+    if np.dtype(dtype) == np.float64:
+        return device == "cpu"
+    if np.dtype(dtype) == np.float16:
+        return device != "cpu"
+    return True
+
+
 def skip_unsupported(device, dtype):
-    """float64 is a CPU-only dtype (api.md); skip it on other devices."""
-    if np.dtype(dtype) == np.float64 and device != "cpu":
-        pytest.skip(f"device {device!r} computes float32 only")
+    if not supported(device, dtype):
+        pytest.skip(f"device {device!r} does not compute {np.dtype(dtype).name}")
 
 
 def mask_shape(form, N, DH):

@@ -2,12 +2,17 @@
 
 Each side is fed as a user would feed it: rnncore's gradient op with the training state of
 rnncore's forward (in the inputs' dtype), the reference's with the reference's (float64),
-on the same rounded inputs. Every gradient is compared within GRADIENT_TOL of the dtype;
-every field must have its input's shape and dtype, or be None when the input was not
-given. Zero sizes (T = 0, N = 0) follow the contract's rules for them.
+on the same rounded inputs. float16 is the exception: its training state is itself
+stored in float16, which alone moves ill-conditioned gradients by more than the 1e-2
+tolerance (measured: a float32 computation from the float16-rounded state of an H = 1
+LSTM misses dinit_state by up to 4%), so the reference then gets rnncore's training state.
+Every gradient is compared within GRADIENT_TOL of the dtype; every field must have its
+input's shape and dtype, or be None when the input was not given. Zero sizes (T = 0,
+N = 0) follow the contract's rules for them.
 """
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,6 +36,7 @@ from cases import (
     make_inputs,
     run_gradients,
     skip_unsupported,
+    supported,
     training_forward,
 )
 from util import gradient_devices
@@ -46,6 +52,24 @@ def device(request):
 
 
 T_, N_, I_, H_ = 4, 3, 5, 6
+
+
+def reference_gradients(kind, inputs, desc, cot, dtype, device):
+    """The reference's gradients (float64) for rnncore's call on the same inputs; for
+    float16, from rnncore's own training state (see the module docstring)."""
+    forward = None
+    if np.dtype(dtype) == np.float16:
+        ours = training_forward(rnncore, kind, inputs, desc, device=device)
+        forward = SimpleNamespace(
+            **{
+                f: None if v is None else np.asarray(v, np.float64)
+                for f, v in ours._asdict().items()
+            }
+        )
+    expected, _ = run_gradients(
+        reference, kind, as_float64(inputs), desc, as_float64(cot), forward=forward
+    )
+    return expected
 
 
 def compare(
@@ -81,7 +105,7 @@ def compare(
     actual, _ = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
     for k, v in {**inputs, **cot}.items():  # the inputs are read, never written
         np.testing.assert_array_equal(v, before[k], err_msg=f"{k} was modified")
-    expected, _ = run_gradients(reference, kind, as_float64(inputs), desc, as_float64(cot))
+    expected = reference_gradients(kind, inputs, desc, cot, dtype, device)
     what = f"{kind} {desc!r} cot={sorted(cot)}"
     check_gradient_layout(actual, kind, inputs, dtype, what)
     check_gradients_close(actual, expected, kind, gradient_tol(dtype), what)
@@ -222,7 +246,8 @@ def test_all_gates_with_distinct_activations_match_reference(rng, device):
         ),
     }
     for kind, fields in descs.items():
-        for bidirectional, dtype in itertools.product((False, True), DTYPES):
+        dtypes = [d for d in DTYPES if supported(device, d)]
+        for bidirectional, dtype in itertools.product((False, True), dtypes):
             desc = make_descriptor(kind, bidirectional=bidirectional, **fields)
             options = {**all_inputs(kind), **all_cotangents(kind, int(bidirectional))}
             compare(rng, device, kind, dtype, desc, **options)
@@ -390,7 +415,7 @@ def test_zero_time_steps(
         if kind == "lstm":
             expected = cot["cell_gradient"] if cell_gradient == "final" else zeros
             np.testing.assert_array_equal(grads.init_cell, expected)
-    expected, _ = run_gradients(reference, kind, as_float64(inputs), desc, as_float64(cot))
+    expected = reference_gradients(kind, inputs, desc, cot, dtype, device)
     check_gradients_close(grads, expected, kind, gradient_tol(dtype), what)
 
 

@@ -7,8 +7,13 @@ import numpy as np
 import rnncore
 
 # The contract's tolerances: relative to the reference's norm.
-FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
-GRADIENT_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+# float16 is storage only (float32 arithmetic): 1e-2 of the float64 reference (issue 6).
+FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 1e-2}
+GRADIENT_TOL = {
+    np.dtype(np.float32): 1e-4,
+    np.dtype(np.float64): 1e-10,
+    np.dtype(np.float16): 1e-2,
+}
 
 
 def rel_err(actual, expected):

@@ -129,17 +129,18 @@ inline StepTimes step_times(constant StepParams &p, int d) {
 }
 
 // The mask element of batch row n, state column col (broadcast through zero strides).
-inline float mask_at(device const float *mask, constant StepParams &p, int n, int col) {
-  return has_mask ? mask[n * p.mask_rs + col * p.mask_cs] : 1.0f;
+template <typename T>
+inline float mask_at(device const T *mask, constant StepParams &p, int n, int col) {
+  return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
 // acc[g][j] = sum_k v[n0 + j, k] * R[row_g, k] over one simdgroup: lanes stride over k (R's
 // rows and the state rows are contiguous in k, so loads coalesce), then simd_sum.
 // v has rows of stride v_ld starting at column v_col; null means zeros; masked rows are
 // multiplied by the mask (h~ = h * m). Every lane returns the sums.
-template <int NB, int NG>
-inline void recurrent_dot(device const float *v, int v_ld, int v_col, bool masked,
-                          device const float *mask, device const float *R, int rows0,
+template <typename T, int NB, int NG>
+inline void recurrent_dot(device const T *v, int v_ld, int v_col, bool masked,
+                          device const T *mask, device const T *R, int rows0,
                           int rows1, int rows2, int rows3, constant StepParams &p, int n0,
                           uint lane, thread float (&acc)[NG][NB]) {
   const int rows[4] = {rows0, rows1, rows2, rows3};
@@ -150,11 +151,11 @@ inline void recurrent_dot(device const float *v, int v_ld, int v_col, bool maske
       float hv[NB];
       for (int j = 0; j < NB; ++j) {
         const int n = n0 + j;
-        hv[j] = n < p.N ? v[n * v_ld + v_col + k] : 0.0f;
+        hv[j] = n < p.N ? float(v[n * v_ld + v_col + k]) : 0.0f;
         if (masked && n < p.N) hv[j] *= mask_at(mask, p, n, v_col + k);
       }
       for (int g = 0; g < NG; ++g) {
-        const float r = R[rows[g] * p.H + k];
+        const float r = float(R[rows[g] * p.H + k]);
         for (int j = 0; j < NB; ++j) acc[g][j] = fma(r, hv[j], acc[g][j]);
       }
     }
@@ -175,6 +176,9 @@ inline float row_value(thread const float (&acc)[NG][NB], int g, uint lane) {
 enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
 
 // ---- gradient steps ----------------------------------------------------------------------
+// Inputs and outputs are in the storage type T; what the steps keep for each other and for
+// the weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that float16
+// storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
 #define BACKWARD_KERNEL_PARAMS(T)                                                              \
   device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],                    \
       device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],                  \
@@ -187,12 +191,12 @@ enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
       device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],      \
       device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],      \
       device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],      \
-      device T *dxp [[buffer(BB_DXP)]],                                                         \
-      device T *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],                    \
-      device T *htilde [[buffer(BB_HTILDE)]],                                                   \
-      device T *u_in [[buffer(BB_U), function_constant(has_u)]],                                \
-      device T *carry [[buffer(BB_CARRY)]],                                                     \
-      device T *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],                    \
+      device float *dxp [[buffer(BB_DXP)]],                                                     \
+      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],                \
+      device float *htilde [[buffer(BB_HTILDE)]],                                               \
+      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                            \
+      device float *carry [[buffer(BB_CARRY)]],                                                 \
+      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],                \
       device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                           \
       device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]],                           \
       constant BackwardParams &p [[buffer(BB_PARAMS)]],                                         \
@@ -205,8 +209,9 @@ enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
   device const T *rt, device const T *z, device const T *h_fwd, device const T *c_fwd,         \
       device const T *h0, device const T *c0, device const T *mask, device const T *peephole,  \
       device const T *dy, device const T *dh_final, device const T *dc_final,                  \
-      device const T *dc_steps, device T *dxp, device T *rdelta, device T *htilde,             \
-      device T *u_in, device T *carry, device T *cprev, device T *dh0, device T *dc0,          \
+      device const T *dc_steps, device float *dxp, device float *rdelta, device float *htilde, \
+      device float *u_in, device float *carry, device float *cprev, device T *dh0,             \
+      device T *dc0,                                                                           \
       constant BackwardParams &p, uint3 tgid, uint sg, uint lane
 
 // Time indices of processing step s (the contract's flips), for the gradient kernels.
@@ -215,21 +220,22 @@ inline int time_in(constant BackwardParams &p, int d, int s) {
 }
 inline int time_out(constant BackwardParams &p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
 
-inline float mask_at(device const float *mask, constant BackwardParams &p, int n, int col) {
-  return has_mask ? mask[n * p.mask_rs + col * p.mask_cs] : 1.0f;
+template <typename T>
+inline float mask_at(device const T *mask, constant BackwardParams &p, int n, int col) {
+  return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
 // acc[j] = sum_{i < len} delta[(n0 + j) * ld + col0 + i] * rt_row[i] over one simdgroup (the
 // product of a step's gate deltas with R, through a row of R^T: both reads contiguous).
-template <int NB>
+template <typename T, int NB>
 inline void transposed_dot(device const float *delta, int ld, int col0,
-                           device const float *rt_row, int len, int N, int n0, uint lane,
+                           device const T *rt_row, int len, int N, int n0, uint lane,
                            thread float (&acc)[NB]) {
   for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   for (int i = int(lane); i < len; i += SIMD_WIDTH) {
-    const float r = rt_row[i];
+    const float r = float(rt_row[i]);
     for (int j = 0; j < NB; ++j)
-      if (n0 + j < N) acc[j] = fma(delta[(n0 + j) * ld + col0 + i], r, acc[j]);
+      if (n0 + j < N) acc[j] = fma(float(delta[(n0 + j) * ld + col0 + i]), r, acc[j]);
   }
   for (int j = 0; j < NB; ++j) acc[j] = simd_sum(acc[j]);
 }
@@ -241,23 +247,41 @@ inline float lane_value(thread const float (&acc)[NB], uint lane) {
   return v;
 }
 
-#define INSTANTIATE_BACKWARD_KERNELS(op, impl)                                                 \
-  kernel void op##_b1_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<1>(BACKWARD_KERNEL_ARGS); }    \
-  kernel void op##_b2_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<2>(BACKWARD_KERNEL_ARGS); }    \
-  kernel void op##_b4_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<4>(BACKWARD_KERNEL_ARGS); }    \
-  kernel void op##_b8_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<8>(BACKWARD_KERNEL_ARGS); }    \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32)                                        \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32)                                        \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32)                                        \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32)
+// Instantiates a gradient step kernel for the four batch tiles and both storage types.
+#define INSTANTIATE_BACKWARD_KERNELS(op, impl) \
+  kernel void op##_b1_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 1>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b1_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 1>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b2_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 2>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b2_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 2>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b4_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 4>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b4_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 4>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b8_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 8>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b8_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 8>(BACKWARD_KERNEL_ARGS); } \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32) \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b1_f16) \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32) \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b2_f16) \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32) \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b4_f16) \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32) \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b8_f16)
 
-// Instantiates a step kernel for the four batch tiles the plan chooses from.
-#define INSTANTIATE_STEP_KERNELS(op, impl)                                     \
-  kernel void op##_b1_f32(STEP_KERNEL_PARAMS(float)) { impl<1>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b2_f32(STEP_KERNEL_PARAMS(float)) { impl<2>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b4_f32(STEP_KERNEL_PARAMS(float)) { impl<4>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b8_f32(STEP_KERNEL_PARAMS(float)) { impl<8>(STEP_KERNEL_ARGS); } \
-  REGISTER_KERNEL(step_adapter<float>, op##_b1_f32)                                 \
-  REGISTER_KERNEL(step_adapter<float>, op##_b2_f32)                                 \
-  REGISTER_KERNEL(step_adapter<float>, op##_b4_f32)                                 \
-  REGISTER_KERNEL(step_adapter<float>, op##_b8_f32)
+// Instantiates a step kernel for the four batch tiles and both storage types (float32,
+// and float16 with float32 arithmetic).
+#define INSTANTIATE_STEP_KERNELS(op, impl) \
+  kernel void op##_b1_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 1>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b1_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 1>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b2_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 2>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b2_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 2>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b4_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 4>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b4_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 4>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b8_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 8>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b8_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 8>(STEP_KERNEL_ARGS); } \
+  REGISTER_KERNEL(step_adapter<float>, op##_b1_f32) \
+  REGISTER_KERNEL(step_adapter<half>, op##_b1_f16) \
+  REGISTER_KERNEL(step_adapter<float>, op##_b2_f32) \
+  REGISTER_KERNEL(step_adapter<half>, op##_b2_f16) \
+  REGISTER_KERNEL(step_adapter<float>, op##_b4_f32) \
+  REGISTER_KERNEL(step_adapter<half>, op##_b4_f16) \
+  REGISTER_KERNEL(step_adapter<float>, op##_b8_f32) \
+  REGISTER_KERNEL(step_adapter<half>, op##_b8_f16)

@@ -13,13 +13,9 @@
 // Weight gradients of the same layer (dW, dR: 2 x 1.26 GFLOP, dsource 1.26 GFLOP): ~2 ms.
 #include "common.h"
 
-kernel void gemm_f32(device const float *a [[buffer(GB_A)]],
-                     device const float *b [[buffer(GB_B), function_constant(has_weight)]],
-                     device const float *bias [[buffer(GB_BIAS), function_constant(has_bias)]],
-                     device float *c [[buffer(GB_C)]], constant GemmParams &p [[buffer(GB_PARAMS)]],
-                     THREADGROUP_BUFFER(float, tiles, 0),
-                     uint3 tgid [[threadgroup_position_in_grid]],
-                     uint tid [[thread_index_in_threadgroup]]) {
+template <typename TA, typename TB, typename TC>
+inline void gemm(device const TA *a, device const TB *b, device const TB *bias, device TC *c,
+                 constant GemmParams &p, threadgroup float *tiles, uint3 tgid, uint tid) {
   const int tx = int(tid) % 16, ty = int(tid) / 16;
   const int m0 = int(tgid.y) * GEMM_TILE_M, n0 = int(tgid.x) * GEMM_TILE_N;
   a += int(tgid.z) * p.a_zs;
@@ -29,7 +25,7 @@ kernel void gemm_f32(device const float *a [[buffer(GB_A)]],
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
   if (has_weight) {
-    device const float *bz = b + int(tgid.z) * p.b_zs;
+    device const TB *bz = b + int(tgid.z) * p.b_zs;
     threadgroup float *as = tiles;                             // [TILE_K][TILE_M]
     threadgroup float *bs = tiles + GEMM_TILE_K * GEMM_TILE_M;  // [TILE_K][TILE_N]
     // Stage along the contiguous index so that neighbouring threads read neighbouring words.
@@ -39,11 +35,11 @@ kernel void gemm_f32(device const float *a [[buffer(GB_A)]],
         const int ar = a_k_major ? e / GEMM_TILE_K : e % GEMM_TILE_M;
         const int ak = a_k_major ? e % GEMM_TILE_K : e / GEMM_TILE_M;
         const int m = m0 + ar, ka = k0 + ak;
-        as[ak * GEMM_TILE_M + ar] = m < p.M && ka < p.K ? a[m * p.a_rs + ka * p.a_cs] : 0.0f;
+        as[ak * GEMM_TILE_M + ar] = m < p.M && ka < p.K ? float(a[m * p.a_rs + ka * p.a_cs]) : 0.0f;
         const int bn = b_k_major ? e / GEMM_TILE_K : e % GEMM_TILE_N;
         const int bk = b_k_major ? e % GEMM_TILE_K : e / GEMM_TILE_N;
         const int n = n0 + bn, kb = k0 + bk;
-        bs[bk * GEMM_TILE_N + bn] = n < p.N && kb < p.K ? bz[kb * p.b_rs + n * p.b_cs] : 0.0f;
+        bs[bk * GEMM_TILE_N + bn] = n < p.N && kb < p.K ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       for (int k = 0; k < GEMM_TILE_K; ++k) {
@@ -64,46 +60,75 @@ kernel void gemm_f32(device const float *a [[buffer(GB_A)]],
     for (int j = 0; j < 4; ++j) {
       const int n = n0 + tx + 16 * j;
       if (n >= p.N) continue;
-      float v = has_weight ? acc[i][j] : a[m * p.a_rs + n * p.a_cs];
-      if (has_bias) v += bias[n];
-      c[m * p.ldc + n] = v;
+      float v = has_weight ? acc[i][j] : float(a[m * p.a_rs + n * p.a_cs]);
+      if (has_bias) v += float(bias[n]);
+      c[m * p.ldc + n] = TC(v);
     }
   }
 }
-REGISTER_KERNEL(gemm_adapter<float>, gemm_f32)
+
+// gemm_<A><B><C>: the element types of A, B (and bias) and C, f = float, h = half. float16
+// storage uses hhh (the input projection), fhh (dsource, dW: float32 dX' times half
+// inputs) and ffh (dR from float32 deltas and states).
+#define GEMM_KERNEL(TA, TB, TC, suffix)                                                        \
+  kernel void gemm_##suffix(                                                                   \
+      device const TA *a [[buffer(GB_A)]],                                                     \
+      device const TB *b [[buffer(GB_B), function_constant(has_weight)]],                      \
+      device const TB *bias [[buffer(GB_BIAS), function_constant(has_bias)]],                  \
+      device TC *c [[buffer(GB_C)]], constant GemmParams &p [[buffer(GB_PARAMS)]],             \
+      THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]],        \
+      uint tid [[thread_index_in_threadgroup]]) {                                              \
+    gemm<TA, TB, TC>(a, b, bias, c, p, tiles, tgid, tid);                                      \
+  }                                                                                            \
+  REGISTER_KERNEL((gemm_adapter<TA, TB, TC>), gemm_##suffix)
+GEMM_KERNEL(float, float, float, fff)
+GEMM_KERNEL(half, half, half, hhh)
+GEMM_KERNEL(float, half, half, fhh)
+GEMM_KERNEL(float, float, half, ffh)
 
 // One thread per column, rows in order: neighbouring threads read neighbouring words.
 // Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, ~0.1 ms (bandwidth).
-kernel void column_sums_f32(device const float *a [[buffer(CB_A)]],
-                            device const float *s [[buffer(CB_S), function_constant(has_scale)]],
-                            device float *out [[buffer(CB_OUT)]],
-                            constant ColumnSumParams &p [[buffer(CB_PARAMS)]],
-                            uint3 tgid [[threadgroup_position_in_grid]],
-                            uint tid [[thread_index_in_threadgroup]]) {
+// Sums float32 intermediates (dX', R's deltas, previous cells) into an output of type T.
+template <typename T>
+inline void column_sums(device const float *a, device const float *s, device T *out,
+                        constant ColumnSumParams &p, uint3 tgid, uint tid) {
   const int col = int(tgid.x) * GEMM_THREADS + int(tid);
   if (col >= p.cols) return;
   device const float *az = a + int(tgid.z) * p.a_zs + col;
   float sum = 0.0f;
   if (has_scale) {
     device const float *sz = s + int(tgid.z) * p.s_zs + col % p.s_mod;
-    for (int r = 0; r < p.rows; ++r) sum = fma(az[r * p.lda], sz[r * p.lds], sum);
+    for (int r = 0; r < p.rows; ++r) sum = fma(float(az[r * p.lda]), float(sz[r * p.lds]), sum);
   } else {
-    for (int r = 0; r < p.rows; ++r) sum += az[r * p.lda];
+    for (int r = 0; r < p.rows; ++r) sum += float(az[r * p.lda]);
   }
-  out[int(tgid.z) * p.out_zs + col] = sum;
+  out[int(tgid.z) * p.out_zs + col] = T(sum);
 }
-REGISTER_KERNEL(column_sums_adapter<float>, column_sums_f32)
+
+#define COLUMN_SUMS_KERNEL(T, suffix)                                                          \
+  kernel void column_sums_##suffix(                                                            \
+      device const float *a [[buffer(CB_A)]],                                                  \
+      device const float *s [[buffer(CB_S), function_constant(has_scale)]],                    \
+      device T *out [[buffer(CB_OUT)]], constant ColumnSumParams &p [[buffer(CB_PARAMS)]],     \
+      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) {  \
+    column_sums<T>(a, s, out, p, tgid, tid);                                                   \
+  }                                                                                            \
+  REGISTER_KERNEL(column_sums_adapter<T>, column_sums_##suffix)
+COLUMN_SUMS_KERNEL(float, f32)
+COLUMN_SUMS_KERNEL(half, f16)
 
 // R^T per direction, so the backward steps read rows of R^T (contiguous) instead of
 // columns of R. 4*G*H*H bytes each way once per call.
-kernel void transpose_f32(device const float *in [[buffer(TB_IN)]],
-                          device float *out [[buffer(TB_OUT)]],
-                          constant TransposeParams &p [[buffer(TB_PARAMS)]],
-                          uint3 tgid [[threadgroup_position_in_grid]],
-                          uint tid [[thread_index_in_threadgroup]]) {
-  const int e = int(tgid.x) * GEMM_THREADS + int(tid);
-  if (e >= p.rows * p.cols) return;
-  const int r = e / p.cols, c = e % p.cols, z = int(tgid.z) * p.zs;
-  out[z + c * p.rows + r] = in[z + e];
-}
-REGISTER_KERNEL(transpose_adapter<float>, transpose_f32)
+#define TRANSPOSE_KERNEL(T, suffix)                                                            \
+  kernel void transpose_##suffix(                                                              \
+      device const T *in [[buffer(TB_IN)]], device T *out [[buffer(TB_OUT)]],                  \
+      constant TransposeParams &p [[buffer(TB_PARAMS)]],                                        \
+      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) {  \
+    const int e = int(tgid.x) * GEMM_THREADS + int(tid);                                       \
+    if (e >= p.rows * p.cols) return;                                                          \
+    const int r = e / p.cols, c = e % p.cols, z = int(tgid.z) * p.zs;                          \
+    out[z + c * p.rows + r] = in[z + e];                                                       \
+  }                                                                                            \
+  REGISTER_KERNEL(transpose_adapter<T>, transpose_##suffix)
+TRANSPOSE_KERNEL(float, f32)
+TRANSPOSE_KERNEL(half, f16)

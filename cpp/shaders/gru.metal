@@ -14,73 +14,74 @@ inline float gru_update(float zg, float h_prev, float o) {
   return flip_z ? (1.0f - zg) * h_prev + zg * o : zg * h_prev + (1.0f - zg) * o;
 }
 
-inline float previous_state(device const float *h0, device const float *y,
+template <typename T>
+inline float previous_state(device const T *h0, device const T *y,
                             constant StepParams &p, StepTimes st, int n, int col) {
-  if (st.t_prev >= 0) return y[(st.t_prev * p.N + n) * p.y_ld + col];
-  return has_init_state ? h0[n * p.y_ld + col] : 0.0f;
+  if (st.t_prev >= 0) return float(y[(st.t_prev * p.N + n) * p.y_ld + col]);
+  return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
 
 // Reset-after: a_o = x'_o + r * (R_o h~ + b2).
-template <int NB>
-inline void gru_step(STEP_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_step(STEP_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const float *Rd = R + d * 3 * H * H;
-  device const float *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
+  device const T *Rd = R + d * 3 * H * H;
+  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
                                          : y + st.t_prev * p.N * p.y_ld;
   float acc[3][NB];
-  recurrent_dot<NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
+  recurrent_dot<T, NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
                        acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
-  device const float *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
-  const float pre0 = row_value<NB, 3>(acc, 0, lane) + x[0];
-  const float pre1 = row_value<NB, 3>(acc, 1, lane) + x[H];
+  device const T *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
+  const float pre0 = row_value<NB, 3>(acc, 0, lane) + float(x[0]);
+  const float pre1 = row_value<NB, 3>(acc, 1, lane) + float(x[H]);
   float q = row_value<NB, 3>(acc, 2, lane);
-  if (has_secondary_bias) q += b2[col];
+  if (has_secondary_bias) q += float(b2[col]);
   if (training) {
-    device float *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
+    device T *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
     zr[0] = pre0;
     zr[H] = pre1;
     zr[2 * H] = q;
-    zr[3 * H] = x[2 * H];
+    zr[3 * H] = float(x[2 * H]);
   }
   const float a0 = activate(act_0, pre0), a1 = activate(act_1, pre1);
   const float zg = gate_a == 0 ? a0 : a1;
   const float r = gate_b == 0 ? a0 : a1;
-  const float o = activate(act_2, x[2 * H] + r * q);
+  const float o = activate(act_2, float(x[2 * H]) + r * q);
   y[(st.t_out * p.N + n) * p.y_ld + col] =
       gru_update(zg, previous_state(h0, y, p, st, n, col), o);
 }
 
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
 // u = r * h~ (rows [N, 2N)), both [N, D*H].
-template <int NB>
-inline void gru_gates(STEP_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_gates(STEP_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const float *Rd = R + d * 3 * H * H;
-  device const float *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
+  device const T *Rd = R + d * 3 * H * H;
+  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
                                          : y + st.t_prev * p.N * p.y_ld;
   float acc[2][NB];
-  recurrent_dot<NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, acc);
+  recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
-  device const float *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
-  const float pre0 = row_value<NB, 2>(acc, 0, lane) + x[0];
-  const float pre1 = row_value<NB, 2>(acc, 1, lane) + x[H];
+  device const T *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
+  const float pre0 = row_value<NB, 2>(acc, 0, lane) + float(x[0]);
+  const float pre1 = row_value<NB, 2>(acc, 1, lane) + float(x[H]);
   if (training) {
-    device float *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 3 * H + u;
+    device T *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 3 * H + u;
     zr[0] = pre0;
     zr[H] = pre1;
   }
@@ -93,26 +94,26 @@ inline void gru_gates(STEP_IMPL_PARAMS(float)) {
 }
 
 // Reset-before, second dispatch: a_o = x'_o + R_o u, then the update.
-template <int NB>
-inline void gru_candidate(STEP_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_candidate(STEP_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const float *Rd = R + d * 3 * H * H;
+  device const T *Rd = R + d * 3 * H * H;
   float acc[1][NB];
-  recurrent_dot<NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0,
+  recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0,
                        p, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
   const float a_o =
-      row_value<NB, 1>(acc, 0, lane) + xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u];
+      row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u]);
   if (training) z[(st.t_out * p.N + n) * p.z_ld + d * 3 * H + 2 * H + u] = a_o;
   y[(st.t_out * p.N + n) * p.y_ld + col] =
-      gru_update(ws[n * p.y_ld + col], previous_state(h0, y, p, st, n, col),
+      gru_update(float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col),
                  activate(act_2, a_o));
 }
 
@@ -144,16 +145,17 @@ inline GruDeltas gru_update_grad(float dh, float zg, float o, float h_prev) {
   return g;
 }
 
-inline float gru_h_prev(device const float *h_fwd, device const float *h0,
+template <typename T>
+inline float gru_h_prev(device const T *h_fwd, device const T *h0,
                         constant BackwardParams &p, int d, int s, int n, int col) {
-  if (s > 0) return h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col];
-  return has_init_state ? h0[n * p.y_ld + col] : 0.0f;
+  if (s > 0) return float(h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col]);
+  return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
 
 // Reset-after: R sees [dz, dr, dq] (dq = da_o * r), kept in rdelta for the carry and dR.
 // Per step: 6*N*H*H FLOPs, R^T (12*H*H bytes) read once per batch tile.
-template <int NB>
-inline void gru_backward(BACKWARD_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_backward(BACKWARD_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -161,7 +163,7 @@ inline void gru_backward(BACKWARD_IMPL_PARAMS(float)) {
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   if (s + 1 < p.T) {
-    transposed_dot<NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
+    transposed_dot<T, NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
                        rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
@@ -170,20 +172,20 @@ inline void gru_backward(BACKWARD_IMPL_PARAMS(float)) {
   if (int(lane) >= NB || n >= p.N) return;
   const float m = mask_at(mask, p, n, col);
   device float *direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
-  const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + *direct : 0.0f;
+  const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + float(*direct) : 0.0f;
   if (s < 0) {
     if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  device const float *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
-  const float2 zg = activate_grad(act_at(gate_a), zr[gate_a * H]);
-  const float2 r = activate_grad(act_at(gate_b), zr[gate_b * H]);
-  const float q = zr[2 * H];
-  const float2 og = activate_grad(act_2, zr[3 * H] + r.x * q);
+  device const T *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
+  const float2 zg = activate_grad(act_at(gate_a), float(zr[gate_a * H]));
+  const float2 r = activate_grad(act_at(gate_b), float(zr[gate_b * H]));
+  const float q = float(zr[2 * H]);
+  const float2 og = activate_grad(act_2, float(zr[3 * H]) + r.x * q);
   const float h_prev = gru_h_prev(h_fwd, h0, p, d, s, n, col);
-  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
-  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  float dh = float(dy[(to * p.N + n) * p.y_ld + col]) + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += float(dh_final[n * p.y_ld + col]);
   const GruDeltas g = gru_update_grad(dh, zg.x, og.x, h_prev);
   const float da_z = g.dz * zg.y, da_o = g.d_o * og.y;
   const float da_r = da_o * q * r.y, dq = da_o * r.x;
@@ -200,8 +202,8 @@ inline void gru_backward(BACKWARD_IMPL_PARAMS(float)) {
 
 // Reset-before, first dispatch of step s: the carry (da_zr[s+1] R_zr + du[s+1] * r[s+1]) * m
 // + direct, then da_z and da_o. dr needs du = da_o R_o of every unit (the second dispatch).
-template <int NB>
-inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -209,7 +211,7 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(float)) {
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   if (s + 1 < p.T) {
-    transposed_dot<NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
+    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
                        rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
@@ -222,21 +224,21 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(float)) {
   if (s + 1 < p.T) {
     const int tn = time_out(p, d, s + 1);
     const float r_next =
-        activate(act_at(gate_b), z[(tn * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]);
-    const float du_next = carry[(CARRY_DU * p.N + n) * p.y_ld + col];
-    carry_h = (lane_value<NB>(acc, lane) + du_next * r_next) * m + *direct;
+        activate(act_at(gate_b), float(z[(tn * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]));
+    const float du_next = float(carry[(CARRY_DU * p.N + n) * p.y_ld + col]);
+    carry_h = (lane_value<NB>(acc, lane) + du_next * r_next) * m + float(*direct);
   }
   if (s < 0) {
     if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  device const float *zr = z + (to * p.N + n) * p.z_ld + d * 3 * H + u;
-  const float2 zg = activate_grad(act_at(gate_a), zr[gate_a * H]);
-  const float2 og = activate_grad(act_2, zr[2 * H]);
+  device const T *zr = z + (to * p.N + n) * p.z_ld + d * 3 * H + u;
+  const float2 zg = activate_grad(act_at(gate_a), float(zr[gate_a * H]));
+  const float2 og = activate_grad(act_2, float(zr[2 * H]));
   const float h_prev = gru_h_prev(h_fwd, h0, p, d, s, n, col);
-  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
-  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
+  float dh = float(dy[(to * p.N + n) * p.y_ld + col]) + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += float(dh_final[n * p.y_ld + col]);
   const GruDeltas g = gru_update_grad(dh, zg.x, og.x, h_prev);
   const int row = (ti * p.N + n) * p.xp_ld + d * 3 * H + u;
   dxp[row + gate_a * H] = g.dz * zg.y;
@@ -247,8 +249,8 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(float)) {
 
 // Reset-before, second dispatch of step s: du = da_o R_o (through R_o^T), dr = du * h~ * r',
 // and u = r * h~ kept for dR's candidate rows.
-template <int NB>
-inline void gru_backward_r(BACKWARD_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void gru_backward_r(BACKWARD_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -256,13 +258,13 @@ inline void gru_backward_r(BACKWARD_IMPL_PARAMS(float)) {
   const int H = p.H, s = p.step, col = d * H + u;
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
   float acc[NB];
-  transposed_dot<NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
+  transposed_dot<T, NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
                      rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const float du = lane_value<NB>(acc, lane);
-  const float2 r = activate_grad(act_at(gate_b), z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]);
-  const float h_masked = htilde[(ti * p.N + n) * p.y_ld + col];
+  const float2 r = activate_grad(act_at(gate_b), float(z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]));
+  const float h_masked = float(htilde[(ti * p.N + n) * p.y_ld + col]);
   dxp[(ti * p.N + n) * p.xp_ld + d * 3 * H + gate_b * H + u] = du * h_masked * r.y;
   u_in[(ti * p.N + n) * p.y_ld + col] = r.x * h_masked;
   carry[(CARRY_DU * p.N + n) * p.y_ld + col] = du;

@@ -9,21 +9,21 @@
 // ~3 us from cache): the step is bound by R traffic and the ~5 us dispatch latency.
 #include "common.h"
 
-template <int NB>
-inline void rnn_step(STEP_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void rnn_step(STEP_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
   if (u >= p.H) return;  // whole simdgroup: no simd operation is left half-done
   const StepTimes st = step_times(p, d);
-  device const float *Rd = R + d * p.H * p.H;
-  device const float *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
+  device const T *Rd = R + d * p.H * p.H;
+  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
                                          : y + st.t_prev * p.N * p.y_ld;
   float acc[1][NB];
-  recurrent_dot<NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, acc);
+  recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
-  const float pre = row_value<NB, 1>(acc, 0, lane) + xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u];
+  const float pre = row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
   if (training) z[(st.t_out * p.N + n) * p.z_ld + d * p.H + u] = pre;
   y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = activate(act_0, pre);
 }
@@ -34,8 +34,8 @@ INSTANTIATE_STEP_KERNELS(rnn_step, rnn_step)
 // init_state gradient. The carry into step s is (dX'[s+1] R) * m, read through R^T; the
 // step writes dX'[s] = dh * f'(z) and h~[s] for dR (a GEMM after the loop).
 // Per step: 2*N*H*H FLOPs, R^T read once per batch tile; as the forward step.
-template <int NB>
-inline void rnn_backward(BACKWARD_IMPL_PARAMS(float)) {
+template <typename T, int NB>
+inline void rnn_backward(BACKWARD_IMPL_PARAMS(T)) {
   const int d = int(tgid.z);
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
   const int n0 = int(tgid.y) * NB;
@@ -43,7 +43,7 @@ inline void rnn_backward(BACKWARD_IMPL_PARAMS(float)) {
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   if (s + 1 < p.T) {
-    transposed_dot<NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
+    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
                        rt + (d * H + u) * H, H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
@@ -57,15 +57,15 @@ inline void rnn_backward(BACKWARD_IMPL_PARAMS(float)) {
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  float dh = dy[(to * p.N + n) * p.y_ld + col] + carry_h;
-  if (has_dh_final && s == p.T - 1) dh += dh_final[n * p.y_ld + col];
-  const float2 f = activate_grad(act_0, z[(to * p.N + n) * p.z_ld + d * H + u]);
+  float dh = float(dy[(to * p.N + n) * p.y_ld + col]) + carry_h;
+  if (has_dh_final && s == p.T - 1) dh += float(dh_final[n * p.y_ld + col]);
+  const float2 f = activate_grad(act_0, float(z[(to * p.N + n) * p.z_ld + d * H + u]));
   dxp[(ti * p.N + n) * p.xp_ld + d * H + u] = dh * f.y;
   float h_prev = 0.0f;  // rebuilt from the training state: the op does not receive h
   if (s > 0)
-    h_prev = activate(act_0, z[(time_out(p, d, s - 1) * p.N + n) * p.z_ld + d * H + u]);
+    h_prev = activate(act_0, float(z[(time_out(p, d, s - 1) * p.N + n) * p.z_ld + d * H + u]));
   else if (has_init_state)
-    h_prev = h0[n * p.y_ld + col];
+    h_prev = float(h0[n * p.y_ld + col]);
   htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
 }
 

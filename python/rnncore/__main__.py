@@ -3,8 +3,8 @@
 ``info`` prints what this build is: version, devices, BLAS library, compiler.
 
 ``check`` runs every operation on every available device (or the ``--device`` ones) over
-a sweep of descriptor options and awkward sizes, in float32 and (where the device
-computes it) float64, compares each result with the float64 numpy reference
+a sweep of descriptor options and awkward sizes, in float32 and, where the device
+computes them, float64 (the CPU) and float16 (Metal devices), compares each result with the float64 numpy reference
 (``rnncore.reference``) and prints one row per operation x device x dtype: cases run,
 cases failed, the worst relative error ``||actual - reference|| / ||reference||`` over
 all outputs, and the tolerance. It exits with status 1 if anything failed.
@@ -27,9 +27,14 @@ import rnncore
 from rnncore import reference
 
 # The contract's tolerances (relative to the reference's norm).
-FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
-GRADIENT_TOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# float16 is a storage type of the Metal devices (float32 arithmetic): 1e-2.
+FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 1e-2}
+GRADIENT_TOL = {
+    np.dtype(np.float32): 1e-4,
+    np.dtype(np.float64): 1e-10,
+    np.dtype(np.float16): 1e-2,
+}
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 # ---- what each layer kind has ------------------------------------------------------------
 
@@ -451,8 +456,11 @@ def cmd_check(args):
         for dtype in DTYPES:
             reason = dtype_support(device, dtype)
             if reason is not None:
-                # float64 is optional on devices other than the CPU; anything else is a failure.
-                optional = dtype == np.float64 and device != "cpu" and "TypeError" in reason
+                # float64 is optional off the CPU, float16 on it; anything else is a failure.
+                optional = "TypeError" in reason and (
+                    (dtype == np.float64 and device != "cpu")
+                    or (dtype == np.float16 and device == "cpu")
+                )
                 broken = broken or not optional
                 for op in ops:
                     note = "unsupported" if optional else "ERROR: " + reason
@@ -532,7 +540,8 @@ def main(argv=None):
         "check",
         help="compare every operation with the numpy reference on every device",
         description="Run every operation over a sweep of options and sizes on every "
-        "available device in float32 and float64, compare with rnncore.reference, print "
+        "available device in float32, float64 and float16 (where the device computes them), "
+        "compare with rnncore.reference, print "
         "a pass/fail table; exit status 1 on any failure.",
     )
     p_check.add_argument(

@@ -37,15 +37,20 @@ std::string dtype_text(const nb::dlpack::dtype& t) {
   return kind + std::to_string(t.bits);
 }
 
+const nb::dlpack::dtype kFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+
 TensorView view(const char* op, const char* name, const Array& a) {
   DType dt;
   if (a.dtype() == nb::dtype<float>())
     dt = DType::Float32;
   else if (a.dtype() == nb::dtype<double>())
     dt = DType::Float64;
+  else if (a.dtype() == kFloat16)
+    dt = DType::Float16;
   else
     throw TypeError(std::string("[") + op + "] " + name +
-                    " must be a float32 or float64 array but has dtype " + dtype_text(a.dtype()));
+                    " must be a float32, float64 or float16 array but has dtype " +
+                    dtype_text(a.dtype()));
   Shape shape(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
   return TensorView(a.data(), std::move(shape), dt);
@@ -60,7 +65,9 @@ nb::object to_numpy(const Tensor& t) {
   auto* keep = new std::shared_ptr<void>(t.storage());
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
-  nb::dlpack::dtype dt = t.dtype() == DType::Float32 ? nb::dtype<float>() : nb::dtype<double>();
+  const nb::dlpack::dtype dt = t.dtype() == DType::Float32   ? nb::dtype<float>()
+                               : t.dtype() == DType::Float64 ? nb::dtype<double>()
+                                                             : kFloat16;
   nb::ndarray<nb::numpy> arr(const_cast<void*>(t.data()), shape.size(), shape.data(), owner,
                              nullptr, dt);
   return nb::cast(arr, nb::rv_policy::reference);

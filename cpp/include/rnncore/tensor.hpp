@@ -10,7 +10,8 @@
 
 namespace rnncore {
 
-enum class DType : int32_t { Float32 = 0, Float64 = 1 };
+// Float16 is a storage type of the Metal backend (its arithmetic is float32).
+enum class DType : int32_t { Float32 = 0, Float64 = 1, Float16 = 2 };
 
 const char* dtype_name(DType d);
 int64_t dtype_size(DType d);

@@ -56,6 +56,8 @@ struct uint2 {
 struct uint3 {
   uint x, y, z;
 };
+// Metal's half: clang's storage-only __fp16 (arithmetic promotes to float, as in Metal).
+typedef __fp16 half;
 struct float2 {
   float x, y;
   float2() = default;

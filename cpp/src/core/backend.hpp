@@ -126,9 +126,9 @@ class Backend {
   virtual bool forward_whole(const Problem&, const ForwardArrays&) { return false; }
   // Whole-op gradients; false for backends driven step by step.
   virtual bool backward_whole(const Problem&, const BackwardArrays&) { return false; }
-  // Whether the backend computes float64 and has the gradient operations.
-  virtual bool computes_float64() const { return true; }
-  virtual bool has_gradients() const { return true; }
+  // The dtypes the backend computes ("float32 and float64") and whether it takes `d`.
+  virtual const char* dtypes() const { return "float32 and float64"; }
+  virtual bool computes(DType d) const { return d == DType::Float32 || d == DType::Float64; }
   // Memory the backend can compute on and the caller can read.
   virtual Tensor allocate(const Shape& shape, DType dtype) = 0;
   // xp[T*N, D*G*H] = source[T*N, K] * W^T (+ bias); W is null when absent (then K equals

@@ -24,12 +24,11 @@ Backend& backend_for(Device device) {
 Backend& backend_for(Device device, const Problem& p, bool gradients) {
   Backend& be = backend_for(device);
   const std::string op = std::string(op_name(p.op)) + (gradients ? "_gradients" : "");
-  if (p.dtype == DType::Float64 && !be.computes_float64())
-    throw TypeError("[" + op + "] device '" + be.name() + "' computes float32, not float64; " +
-                    "pass float32 arrays or use device='cpu'");
-  if (gradients && !be.has_gradients())
-    throw DeviceError("[" + op + "] device '" + be.name() + "' has no gradient kernels in " +
-                      "this version of rnncore; use device='cpu'");
+  if (!be.computes(p.dtype))
+    throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() +
+                    ", not " + dtype_name(p.dtype) + "; " +
+                    (p.dtype == DType::Float16 ? "float16 is a storage type of device 'metal'"
+                                               : "float64 is computed on device 'cpu'"));
   return be;
 }
 

@@ -8,9 +8,16 @@
 
 namespace rnncore {
 
-const char* dtype_name(DType d) { return d == DType::Float32 ? "float32" : "float64"; }
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Float16: return "float16";
+  }
+  return "?";
+}
 
-int64_t dtype_size(DType d) { return d == DType::Float32 ? 4 : 8; }
+int64_t dtype_size(DType d) { return d == DType::Float64 ? 8 : d == DType::Float32 ? 4 : 2; }
 
 std::string shape_to_string(const Shape& s) {
   std::string r = "(";

@@ -22,7 +22,7 @@ void Checker::type_error(const std::string& msg) const {
 }
 
 void Checker::dtype(const char* name, const TensorView& v) {
-  if (v.dtype != DType::Float32 && v.dtype != DType::Float64)
+  if (v.dtype != DType::Float32 && v.dtype != DType::Float64 && v.dtype != DType::Float16)
     type_error(std::string(name) + " has an unsupported dtype");
   if (v.data == nullptr && v.numel() > 0)
     value_error(std::string(name) + " has shape " + shape_to_string(v.shape) +

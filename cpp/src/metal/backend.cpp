@@ -16,7 +16,8 @@ class MetalBackend final : public detail::Backend {
  public:
   explicit MetalBackend(Executor& e) : executor_(e) {}
   const char* name() const override { return executor_.name(); }
-  bool computes_float64() const override { return false; }
+  const char* dtypes() const override { return "float32 and float16"; }
+  bool computes(DType d) const override { return d == DType::Float32 || d == DType::Float16; }
   bool runs_whole_ops() const override { return true; }
 
   Tensor allocate(const Shape& shape, DType dtype) override {

@@ -64,7 +64,10 @@ std::string Dispatch::pipeline_key() const {
 namespace {
 
 constexpr int64_t kMaxElements = std::numeric_limits<int32_t>::max();
-constexpr int64_t kF32 = 4;
+constexpr int64_t kF32 = 4;  // threadgroup memory is float32 whatever the storage type
+
+// Kernel-name suffix of the storage type.
+const char* suffix(DType d) { return d == DType::Float16 ? "f16" : "f32"; }
 
 template <class Params>
 BytesArg bytes_of(uint32_t index, const Params& params) {
@@ -78,36 +81,50 @@ uint64_t ceil_div(int64_t a, int64_t b) { return static_cast<uint64_t>((a + b - 
 // Smallest batch tile of the step kernels that covers min(N, 8) rows.
 int batch_tile(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8; }
 
-void set(Plan& plan, Buffer b, int64_t elements) {
-  plan.sizes[static_cast<int>(b)] = elements * kF32;
+void set(Plan& plan, Buffer b, int64_t elements, int64_t element_size = 0) {
+  if (element_size == 0) element_size = plan.element_size;
+  plan.sizes[static_cast<int>(b)] = elements * element_size;
+  plan.element_sizes[static_cast<int>(b)] = element_size;
+}
+
+// The kernel-name letter of a buffer's element type.
+char letter(const Plan& plan, Buffer b) {
+  return plan.element_sizes[static_cast<int>(b)] == 2 ? 'h' : 'f';
+}
+
+int64_t byte_offset(const Plan& plan, Buffer b, int64_t elements) {
+  return elements * plan.element_sizes[static_cast<int>(b)];
 }
 
 // A buffer the plan writes.
-void set_out(Plan& plan, Buffer b, int64_t elements) {
-  set(plan, b, elements);
+void set_out(Plan& plan, Buffer b, int64_t elements, int64_t element_size = 0) {
+  set(plan, b, elements, element_size);
   plan.writes[static_cast<int>(b)] = true;
 }
 
 // A buffer and an element offset into it; `used` false for an absent operand.
 struct Operand {
   Buffer buffer = Buffer::Source;
-  int64_t offset = 0;
+  int64_t elements = 0;
   bool used = false;
   Operand() = default;
-  Operand(Buffer b, int64_t elements) : buffer(b), offset(elements * kF32), used(true) {}
+  Operand(Buffer b, int64_t offset) : buffer(b), elements(offset), used(true) {}
 };
 
 // C = A B (+ bias) over `batches` grid slices (see GemmParams).
-Dispatch gemm(Operand a, Operand b, Operand bias, Operand c, const k::GemmParams& g,
-              uint64_t batches) {
+Dispatch gemm(const Plan& plan, Operand a, Operand b, Operand bias, Operand c,
+              const k::GemmParams& g, uint64_t batches) {
   Dispatch d;
-  d.kernel = "gemm_f32";
+  // gemm_<A><B><C> by element type; without B the copy takes C's type for it.
+  d.kernel = std::string("gemm_") + letter(plan, a.buffer) +
+             letter(plan, b.used ? b.buffer : c.buffer) + letter(plan, c.buffer);
   d.constants = {{k::FC_HAS_WEIGHT, FunctionConstant::Type::Bool, b.used},
                  {k::FC_HAS_BIAS, FunctionConstant::Type::Bool, bias.used}};
-  d.buffers.push_back({k::GB_A, a.buffer, a.offset});
-  if (b.used) d.buffers.push_back({k::GB_B, b.buffer, b.offset});
-  if (bias.used) d.buffers.push_back({k::GB_BIAS, bias.buffer, bias.offset});
-  d.buffers.push_back({k::GB_C, c.buffer, c.offset});
+  d.buffers.push_back({k::GB_A, a.buffer, byte_offset(plan, a.buffer, a.elements)});
+  if (b.used) d.buffers.push_back({k::GB_B, b.buffer, byte_offset(plan, b.buffer, b.elements)});
+  if (bias.used)
+    d.buffers.push_back({k::GB_BIAS, bias.buffer, byte_offset(plan, bias.buffer, bias.elements)});
+  d.buffers.push_back({k::GB_C, c.buffer, byte_offset(plan, c.buffer, c.elements)});
   d.bytes.push_back(bytes_of(k::GB_PARAMS, g));
   d.threadgroup_memory = (k::GEMM_TILE_M + k::GEMM_TILE_N) * k::GEMM_TILE_K * kF32;
   d.threadgroups = {ceil_div(g.N, k::GEMM_TILE_N), ceil_div(g.M, k::GEMM_TILE_M), batches};
@@ -116,14 +133,16 @@ Dispatch gemm(Operand a, Operand b, Operand bias, Operand c, const k::GemmParams
 }
 
 // out[z][c] = sum_r A[z][r, c] (* S[z][r, c % s_mod]).
-Dispatch column_sums(Operand a, Operand scale, Operand out, const k::ColumnSumParams& c,
-                     uint64_t batches) {
+// (A and the scale are float32 intermediates; the output has the storage type.)
+Dispatch column_sums(const Plan& plan, DType dtype, Operand a, Operand scale, Operand out,
+                     const k::ColumnSumParams& c, uint64_t batches) {
   Dispatch d;
-  d.kernel = "column_sums_f32";
+  d.kernel = std::string("column_sums_") + suffix(dtype);
   d.constants = {{k::FC_HAS_SCALE, FunctionConstant::Type::Bool, scale.used}};
-  d.buffers.push_back({k::CB_A, a.buffer, a.offset});
-  if (scale.used) d.buffers.push_back({k::CB_S, scale.buffer, scale.offset});
-  d.buffers.push_back({k::CB_OUT, out.buffer, out.offset});
+  d.buffers.push_back({k::CB_A, a.buffer, byte_offset(plan, a.buffer, a.elements)});
+  if (scale.used)
+    d.buffers.push_back({k::CB_S, scale.buffer, byte_offset(plan, scale.buffer, scale.elements)});
+  d.buffers.push_back({k::CB_OUT, out.buffer, byte_offset(plan, out.buffer, out.elements)});
   d.bytes.push_back(bytes_of(k::CB_PARAMS, c));
   d.threadgroups = {ceil_div(c.cols, k::GEMM_THREADS), 1, batches};
   d.threads = {k::GEMM_THREADS, 1, 1};
@@ -155,6 +174,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
                      {"z_state", T * N * D * p.ZG * H}});
 
   Plan plan;
+  plan.element_size = dtype_size(p.dtype);
   set(plan, Buffer::Source, T * N * K);
   set(plan, Buffer::RecurrentWeight, DGH * H);
   if (p.has_input_weight) set(plan, Buffer::InputWeight, DGH * K);
@@ -176,7 +196,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
     k::GemmParams g{};
     g.M = int32_t(T * N), g.N = int32_t(DGH), g.K = int32_t(K);
     g.a_rs = int32_t(K), g.a_cs = 1, g.b_rs = 1, g.b_cs = int32_t(K), g.ldc = int32_t(DGH);
-    plan.dispatches.push_back(gemm({Buffer::Source, 0},
+    plan.dispatches.push_back(gemm(plan, {Buffer::Source, 0},
                                    p.has_input_weight ? Operand{Buffer::InputWeight, 0} : Operand{},
                                    p.has_bias ? Operand{Buffer::Bias, 0} : Operand{},
                                    {Buffer::Projected, 0}, g, 1));
@@ -221,7 +241,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   step.threadgroups = {ceil_div(H, k::STEP_SIMDGROUPS), ceil_div(N, nb), uint64_t(D)};
   step.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
 
-  const std::string tile = "_b" + std::to_string(nb) + "_f32";
+  const std::string tile = "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_step" + tile};
   if (lstm) kernels = {"lstm_step" + tile};
@@ -274,9 +294,10 @@ void check_limits(const Plan& plan) {
         throw Error(where + "setBytes payload of " + std::to_string(b.data.size()) +
                     " bytes at index " + std::to_string(b.index) + " (under 4 KiB allowed)");
     for (const Binding& b : d.buffers) {
-      if (b.offset % Limits::buffer_offset_alignment != 0)
+      const int64_t es = plan.element_sizes[static_cast<int>(b.buffer)];
+      if (es > 0 && b.offset % es != 0)
         throw Error(where + "offset " + std::to_string(b.offset) + " of " + buffer_name(b.buffer) +
-                    " is not " + std::to_string(Limits::buffer_offset_alignment) + "-byte aligned");
+                    " is not a multiple of its element size " + std::to_string(es));
       // An empty array (I = 0) is bound at offset 0; the executor puts a placeholder there.
       const bool empty_ok = plan.size(b.buffer) == 0 && b.offset == 0;
       if (!empty_ok && b.offset >= plan.size(b.buffer))
@@ -307,6 +328,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
                      {"z_state", TN * D * p.ZG * H}});
 
   Plan plan;
+  plan.element_size = dtype_size(p.dtype);
   set(plan, Buffer::Source, TN * K);
   set(plan, Buffer::RecurrentWeight, DGH * H);
   if (W) set(plan, Buffer::InputWeight, DGH * K);
@@ -330,19 +352,22 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (init_cell) set_out(plan, Buffer::DInitCell, N * DH);
   if (peephole) set_out(plan, Buffer::DPeephole, D * 4 * H);
   if (gs.want_db2) set_out(plan, Buffer::DSecondaryBias, DH);
+  // The steps' intermediates are float32 (kF32) whatever the storage type. Without an input
+  // weight dX' is the source gradient itself, unless it must be converted to float16.
+  const bool dxp_is_dsource = !W && p.dtype == DType::Float32;
   set_out(plan, Buffer::RecurrentT, DGH * H);
-  if (W) set_out(plan, Buffer::DProjected, TN * DGH);
-  set_out(plan, Buffer::HTilde, TN * DH);
-  if (reset_before) set_out(plan, Buffer::UInput, TN * DH);
-  if (reset_after) set_out(plan, Buffer::RDelta, TN * DGH);
-  set_out(plan, Buffer::Carry, 3 * N * DH);
-  if (peephole) set_out(plan, Buffer::CellPrev, TN * DH);
+  if (!dxp_is_dsource) set_out(plan, Buffer::DProjected, TN * DGH, kF32);
+  set_out(plan, Buffer::HTilde, TN * DH, kF32);
+  if (reset_before) set_out(plan, Buffer::UInput, TN * DH, kF32);
+  if (reset_after) set_out(plan, Buffer::RDelta, TN * DGH, kF32);
+  set_out(plan, Buffer::Carry, 3 * N * DH, kF32);
+  if (peephole) set_out(plan, Buffer::CellPrev, TN * DH, kF32);
   if (T == 0 || N == 0 || H == 0) return plan;
-  const Buffer dxp = W ? Buffer::DProjected : Buffer::DSource;
+  const Buffer dxp = dxp_is_dsource ? Buffer::DSource : Buffer::DProjected;
 
   {  // R^T per direction, for the steps' products with R.
     Dispatch d;
-    d.kernel = "transpose_f32";
+    d.kernel = std::string("transpose_") + suffix(p.dtype);
     d.buffers = {{k::TB_IN, Buffer::RecurrentWeight, 0}, {k::TB_OUT, Buffer::RecurrentT, 0}};
     const k::TransposeParams t{int32_t(GH), int32_t(H), int32_t(GH * H)};
     d.bytes.push_back(bytes_of(k::TB_PARAMS, t));
@@ -401,7 +426,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   const int nb = batch_tile(N);
   step.threadgroups = {ceil_div(H, k::STEP_SIMDGROUPS), ceil_div(N, nb), uint64_t(D)};
   step.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
-  const std::string tile = "_b" + std::to_string(nb) + "_f32";
+  const std::string tile = "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_backward" + tile};
   if (lstm) kernels = {"lstm_backward" + tile};
@@ -438,8 +463,8 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
     g.a_rs = 1, g.a_cs = int32_t(DGH), g.a_zs = int32_t(GH);
     g.b_rs = int32_t(DH), g.b_cs = 1, g.b_zs = int32_t(H);
     g.ldc = int32_t(H), g.c_zs = int32_t(GH * H);
-    plan.dispatches.push_back(gemm({delta, row0}, {v, 0}, {}, {Buffer::DRecurrentWeight, row0 * H},
-                                   g, uint64_t(D)));
+    plan.dispatches.push_back(gemm(plan, {delta, row0}, {v, 0}, {},
+                                   {Buffer::DRecurrentWeight, row0 * H}, g, uint64_t(D)));
   };
   if (reset_before) {
     weight_gradient(0, 2 * H, Buffer::HTilde);
@@ -453,31 +478,38 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
     g.M = int32_t(TN), g.N = int32_t(K), g.K = int32_t(DGH);
     g.a_rs = int32_t(DGH), g.a_cs = 1, g.b_rs = int32_t(K), g.b_cs = 1, g.ldc = int32_t(K);
     plan.dispatches.push_back(
-        gemm({dxp, 0}, {Buffer::InputWeight, 0}, {}, {Buffer::DSource, 0}, g, 1));
+        gemm(plan, {dxp, 0}, {Buffer::InputWeight, 0}, {}, {Buffer::DSource, 0}, g, 1));
     k::GemmParams w{};  // dW [DGH, I] = dX'^T source
     w.M = int32_t(DGH), w.N = int32_t(K), w.K = int32_t(TN);
     w.a_rs = 1, w.a_cs = int32_t(DGH), w.b_rs = int32_t(K), w.b_cs = 1, w.ldc = int32_t(K);
     plan.dispatches.push_back(
-        gemm({dxp, 0}, {Buffer::Source, 0}, {}, {Buffer::DInputWeight, 0}, w, 1));
+        gemm(plan, {dxp, 0}, {Buffer::Source, 0}, {}, {Buffer::DInputWeight, 0}, w, 1));
+  }
+  if (!W && !dxp_is_dsource) {  // dsource = dX', converted to the storage type
+    k::GemmParams g{};
+    g.M = int32_t(TN), g.N = int32_t(DGH), g.K = int32_t(DGH);
+    g.a_rs = int32_t(DGH), g.a_cs = 1, g.ldc = int32_t(DGH);
+    plan.dispatches.push_back(gemm(plan, {dxp, 0}, {}, {}, {Buffer::DSource, 0}, g, 1));
   }
   if (p.has_bias) {
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(DGH), c.lda = int32_t(DGH), c.s_mod = 1;
-    plan.dispatches.push_back(column_sums({dxp, 0}, {}, {Buffer::DBias, 0}, c, 1));
+    plan.dispatches.push_back(column_sums(plan, p.dtype, {dxp, 0}, {}, {Buffer::DBias, 0}, c, 1));
   }
   if (gs.want_db2) {  // the secondary bias sits inside q: its gradient sums dq
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(H), c.lda = int32_t(DGH), c.s_mod = 1;
     c.a_zs = int32_t(GH), c.out_zs = int32_t(H);
     plan.dispatches.push_back(
-        column_sums({Buffer::RDelta, 2 * H}, {}, {Buffer::DSecondaryBias, 0}, c, uint64_t(D)));
+        column_sums(plan, p.dtype, {Buffer::RDelta, 2 * H}, {}, {Buffer::DSecondaryBias, 0}, c,
+                    uint64_t(D)));
   }
   if (peephole) {  // dP[g, u] = sum over steps and rows of da_g[u] * c_prev[u]
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(4 * H), c.lda = int32_t(DGH);
     c.lds = int32_t(DH), c.s_mod = int32_t(H);
     c.a_zs = int32_t(GH), c.s_zs = int32_t(H), c.out_zs = int32_t(4 * H);
-    plan.dispatches.push_back(column_sums({dxp, 0}, {Buffer::CellPrev, 0},
+    plan.dispatches.push_back(column_sums(plan, p.dtype, {dxp, 0}, {Buffer::CellPrev, 0},
                                           {Buffer::DPeephole, 0}, c, uint64_t(D)));
   }
   return plan;

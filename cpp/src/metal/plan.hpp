@@ -101,7 +101,10 @@ struct Plan {
   // can write in place here.
   std::array<bool, kBufferCount> writes{};
   bool written(Buffer b) const { return writes[static_cast<int>(b)]; }
-  // Workspace buffers start as NaN in the emulator, so a read of an unwritten element shows.
+  // Bytes per element of the storage type: 4 (float32) or 2 (float16), and of each buffer
+  // (the gradients keep their intermediates in float32 whatever the storage type).
+  int64_t element_size = 4;
+  std::array<int64_t, kBufferCount> element_sizes{};
   int64_t size(Buffer b) const { return sizes[static_cast<int>(b)]; }
 };
 
@@ -110,7 +113,7 @@ struct Limits {
   static constexpr uint32_t max_threadgroup_memory = 32 * 1024;
   static constexpr uint32_t max_threads_per_threadgroup = 1024;
   static constexpr size_t max_set_bytes = 4 * 1024;
-  static constexpr int64_t buffer_offset_alignment = 4;  // bytes, for float32 arrays
+  // Buffer offsets are multiples of the element size (Metal: aligned to the data type).
 };
 
 // Shapes of the mask as given (it broadcasts to [N, D*H]); rank -1 when absent.
@@ -118,7 +121,7 @@ struct MaskShape {
   int64_t rows = 1, cols = 1;
 };
 
-// The dispatches of a forward op (float32). Throws rnncore::ValueError naming the op for
+// The dispatches of a forward op (float32, or float16 storage). Throws rnncore::ValueError naming the op for
 // shapes the kernels do not support (indices beyond 32 bits).
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
 
@@ -131,7 +134,7 @@ struct GradientShape {
   bool want_db2 = false;   // GRU reset-after with a secondary bias
 };
 
-// The dispatches of a gradient op (float32): R^T, the gradient steps from T-1 down to 0
+// The dispatches of a gradient op (float32, or float16 storage): R^T, the gradient steps from T-1 down to 0
 // (two dispatches per step for a reset-before GRU) and one for the initial-state
 // gradients, then dR, dsource, dW as GEMMs and the bias, secondary-bias and peephole
 // gradients as column sums.

@@ -7,6 +7,7 @@
 // order each round (default: in order); results must not depend on it.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -47,8 +48,14 @@ Schedule schedule_from_env() {
   return s;
 }
 
-// Float32 NaN in every 4-byte word.
-void poison(std::vector<float>& v) { std::fill(v.begin(), v.end(), std::numeric_limits<float>::quiet_NaN()); }
+// NaN in every element: float32 NaN words, or two float16 NaNs per word.
+void poison(std::vector<float>& v, int64_t element_size = 4) {
+  uint32_t bits = 0x7FC00000u;
+  if (element_size == 2) bits = 0x7E007E00u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  std::fill(v.begin(), v.end(), f);
+}
 
 struct GroupContext {
   KernelAdapter adapter;
@@ -77,7 +84,7 @@ class EmulatorExecutor final : public Executor {
       if (bytes <= 0) continue;
       if (is_workspace(static_cast<Buffer>(b))) {
         workspace[b].resize(static_cast<size_t>((bytes + 3) / 4));
-        poison(workspace[b]);
+        poison(workspace[b], plan.element_sizes[b]);
         base[b] = workspace[b].data();
       } else {
         if (!arrays[b])
@@ -120,6 +127,58 @@ class EmulatorExecutor final : public Executor {
 };
 
 }  // namespace
+
+uint16_t float_to_half_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mant = x & 0x7fffffu;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xffu);
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  const int32_t e = exp - 127 + 15;
+  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: infinity
+  uint32_t h, rem, halfway;
+  if (e <= 0) {  // subnormal half (or zero)
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    const uint32_t shift = static_cast<uint32_t>(14 - e);
+    h = mant >> shift;
+    rem = mant & ((1u << shift) - 1);
+    halfway = 1u << (shift - 1);
+  } else {
+    h = static_cast<uint32_t>(e) << 10 | mant >> 13;
+    rem = mant & 0x1fffu;
+    halfway = 0x1000u;
+  }
+  if (rem > halfway || (rem == halfway && (h & 1u))) ++h;  // a carry rounds up the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalise
+      int32_t e = -1;
+      uint32_t m = mant;
+      do {
+        ++e;
+        m <<= 1;
+      } while (!(m & 0x400u));
+      x = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (m & 0x3ffu) << 13;
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | mant << 13;
+  } else {
+    x = sign | (exp - 15 + 127) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
 
 bool register_function_constant(ConstantSetter setter) {
   setters().push_back(setter);

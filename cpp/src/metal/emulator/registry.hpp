@@ -15,6 +15,21 @@
 
 namespace rnncore::metal::emu {
 
+// IEEE binary16 <-> binary32, round to nearest even (what Metal's half conversions and
+// numpy's float16 do).
+uint16_t float_to_half_bits(float f);
+float half_bits_to_float(uint16_t h);
+
+// Metal's `half` as a storage type: converts from float implicitly (stores), to float
+// explicitly only, so that every read in a kernel is written float(x) as Metal's overload
+// rules want for mixed half/float arithmetic.
+struct half {
+  uint16_t bits = 0;
+  half() = default;
+  half(float f) : bits(float_to_half_bits(f)) {}  // NOLINT: implicit, like Metal's
+  explicit operator float() const { return half_bits_to_float(bits); }
+};
+
 // Function constants of the dispatch being run, by index (the shader's FC_* values).
 struct ConstantValues {
   int32_t value[64] = {};
@@ -72,11 +87,11 @@ void step_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
          *static_cast<const StepParams*>(a.bytes[SB_PARAMS]), id.tgid, id.sg, id.lane);
 }
 
-template <class T, class Kernel>
+template <class TA, class TB, class TC, class Kernel>
 void gemm_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
   using namespace rnncore::kernels;
-  kernel(static_cast<const T*>(a.buffers[GB_A]), static_cast<const T*>(a.buffers[GB_B]),
-         static_cast<const T*>(a.buffers[GB_BIAS]), static_cast<T*>(a.buffers[GB_C]),
+  kernel(static_cast<const TA*>(a.buffers[GB_A]), static_cast<const TB*>(a.buffers[GB_B]),
+         static_cast<const TB*>(a.buffers[GB_BIAS]), static_cast<TC*>(a.buffers[GB_C]),
          *static_cast<const GemmParams*>(a.bytes[GB_PARAMS]),
          static_cast<float*>(a.threadgroup_memory), id.tgid, id.tid);
 }
@@ -84,7 +99,7 @@ void gemm_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
 template <class T, class Kernel>
 void column_sums_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
   using namespace rnncore::kernels;
-  kernel(static_cast<const T*>(a.buffers[CB_A]), static_cast<const T*>(a.buffers[CB_S]),
+  kernel(static_cast<const float*>(a.buffers[CB_A]), static_cast<const float*>(a.buffers[CB_S]),
          static_cast<T*>(a.buffers[CB_OUT]),
          *static_cast<const ColumnSumParams*>(a.bytes[CB_PARAMS]), id.tgid, id.tid);
 }
@@ -101,10 +116,11 @@ void backward_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
   using namespace rnncore::kernels;
   const auto in = [&](int i) { return static_cast<const T*>(a.buffers[i]); };
   const auto out = [&](int i) { return static_cast<T*>(a.buffers[i]); };
+  const auto work = [&](int i) { return static_cast<float*>(a.buffers[i]); };
   kernel(in(BB_RT), in(BB_Z), in(BB_HFWD), in(BB_CFWD), in(BB_H0), in(BB_C0), in(BB_MASK),
          in(BB_PEEPHOLE), in(BB_DY), in(BB_DH_FINAL), in(BB_DC_FINAL), in(BB_DC_STEPS),
-         out(BB_DXP), out(BB_RDELTA), out(BB_HTILDE), out(BB_U), out(BB_CARRY), out(BB_CPREV),
-         out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]),
+         work(BB_DXP), work(BB_RDELTA), work(BB_HTILDE), work(BB_U), work(BB_CARRY),
+         work(BB_CPREV), out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]),
          id.tgid, id.sg, id.lane);
 }
 

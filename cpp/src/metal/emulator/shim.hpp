@@ -26,6 +26,7 @@ using std::tanh;
 using uint = uint32_t;
 using ushort = uint16_t;
 using uint3 = rnncore::metal::emu::uint3;
+using half = rnncore::metal::emu::half;
 
 struct float2 {
   float x = 0.0f, y = 0.0f;
