@@ -4,8 +4,9 @@
 
 ``check`` runs every operation on every available device (or the ``--device`` ones) over
 a sweep of descriptor options and awkward sizes, in float32 and, where the device
-computes them, float64 (the CPU) and float16 (Metal devices), compares each result with the float64 numpy reference
-(``rnncore.reference``) and prints one row per operation x device x dtype: cases run,
+computes them, float64 (the CPU) and float16 (Metal devices), compares each result with
+the float64 numpy reference (``rnncore.reference``) and prints one row per operation x
+device x dtype: cases run,
 cases failed, the worst relative error ``||actual - reference|| / ||reference||`` over
 all outputs, and the tolerance. It exits with status 1 if anything failed.
 
