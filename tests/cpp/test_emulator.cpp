@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "metal/emulator/registry.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 #include "rnncore/rnncore.hpp"
@@ -150,6 +151,37 @@ TEST(Emulator, ShuffledScheduleMatchesOrderedForTheKernels) {
     }
   }
   for (size_t i = 2; i < results.size(); ++i) EXPECT_EQ(results[i], results[i % 2]) << i;
+}
+
+}  // namespace
+
+namespace {
+
+using rnncore::metal::emu::float_to_half_bits;
+using rnncore::metal::emu::half_bits_to_float;
+
+TEST(EmulatorHalf, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = half_bits_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(half_bits_to_float(float_to_half_bits(f)))) << h;
+      continue;
+    }
+    EXPECT_EQ(float_to_half_bits(f), h) << h;
+  }
+}
+
+TEST(EmulatorHalf, RoundsToNearestEven) {
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(1.0f + std::ldexp(1.0f, -11))), 1.0f);  // tie
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(1.0f + 3 * std::ldexp(1.0f, -11))),
+            1.0f + std::ldexp(1.0f, -9));  // tie to even, upwards
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(65504.0f)), 65504.0f);  // largest half
+  EXPECT_TRUE(std::isinf(half_bits_to_float(float_to_half_bits(65520.0f))));  // rounds to inf
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(std::ldexp(1.0f, -25))), 0.0f);  // tie to 0
+  EXPECT_EQ(half_bits_to_float(float_to_half_bits(3 * std::ldexp(1.0f, -26))),
+            std::ldexp(1.0f, -24));
+  EXPECT_EQ(float_to_half_bits(-0.0f), 0x8000);
 }
 
 }  // namespace

@@ -212,3 +212,97 @@ TEST(Plan, LimitViolationsAreReported) {
 }
 
 }  // namespace
+
+namespace {
+
+Problem gradient_problem(OpKind op, bool reset_after = false) {
+  Problem p = problem(op, 4, 3, 5, 7, 2);
+  p.reset_after = reset_after;
+  if (op == OpKind::Gru && reset_after) p.ZG = 4;
+  p.has_bias = true;
+  p.has_init_state = true;
+  return p;
+}
+
+size_t count(const Plan& plan, const std::string& prefix) {
+  size_t n = 0;
+  for (const Dispatch& d : plan.dispatches) n += d.kernel.rfind(prefix, 0) == 0;
+  return n;
+}
+
+TEST(PlanGradients, StepsRunBackwardThenTheInitialStateDispatch) {
+  const Plan plan = plan_gradients(gradient_problem(OpKind::Lstm), {});
+  // R^T, T steps + the initial-state dispatch, dR, dsource, dW, dbias.
+  EXPECT_EQ(plan.dispatches.front().kernel, "transpose_f32");
+  EXPECT_EQ(count(plan, "lstm_backward_b4_f32"), 5u);
+  std::vector<int32_t> steps;
+  for (const Dispatch& d : plan.dispatches)
+    if (d.kernel.rfind("lstm_backward", 0) == 0) {
+      k::BackwardParams bp;
+      std::memcpy(&bp, d.bytes[0].data.data(), sizeof bp);
+      steps.push_back(bp.step);
+    }
+  EXPECT_EQ(steps, (std::vector<int32_t>{3, 2, 1, 0, -1}));
+  EXPECT_EQ(count(plan, "gemm_fff"), 3u);  // dR, dsource, dW
+  EXPECT_EQ(count(plan, "column_sums_f32"), 1u);  // dbias
+  EXPECT_TRUE(plan.written(Buffer::DInitState));
+  EXPECT_FALSE(plan.written(Buffer::ZState));  // an input of the gradient op
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(PlanGradients, ResetBeforeGruTakesTwoDispatchesPerStepAndTwoWeightGemms) {
+  const Plan plan = plan_gradients(gradient_problem(OpKind::Gru), {});
+  EXPECT_EQ(count(plan, "gru_backward_zo_b4_f32"), 5u);
+  EXPECT_EQ(count(plan, "gru_backward_r_b4_f32"), 4u);  // not for the initial state
+  EXPECT_EQ(count(plan, "gemm_fff"), 4u);  // dR (z, r rows and candidate rows), dsource, dW
+  EXPECT_GT(plan.size(Buffer::UInput), 0);
+  EXPECT_EQ(plan.size(Buffer::RDelta), 0);
+}
+
+TEST(PlanGradients, ResetAfterGruSumsTheSecondaryBiasGradient) {
+  GradientShape g;
+  g.want_db2 = true;
+  const Plan plan = plan_gradients(gradient_problem(OpKind::Gru, true), g);
+  EXPECT_EQ(count(plan, "gru_backward_b4_f32"), 5u);
+  EXPECT_EQ(count(plan, "column_sums_f32"), 2u);  // dbias, dsecondary_bias
+  EXPECT_GT(plan.size(Buffer::RDelta), 0);
+  // The secondary-bias sums read the q block (offset 2H) of each direction's deltas.
+  const Dispatch& db2 = plan.dispatches.back();
+  EXPECT_EQ(db2.buffers[0].buffer, Buffer::RDelta);
+  EXPECT_EQ(db2.buffers[0].offset, 2 * 7 * 4);
+  EXPECT_EQ(db2.threadgroups.z, 2u);
+}
+
+TEST(PlanGradients, Float16StorageKeepsFloat32Intermediates) {
+  Problem p = gradient_problem(OpKind::Rnn);
+  p.dtype = DType::Float16;
+  p.has_input_weight = false;
+  const Plan plan = plan_gradients(p, {});
+  EXPECT_EQ(plan.element_size, 2);
+  EXPECT_EQ(plan.element_sizes[static_cast<int>(Buffer::DSource)], 2);
+  EXPECT_EQ(plan.element_sizes[static_cast<int>(Buffer::DProjected)], 4);
+  EXPECT_EQ(plan.element_sizes[static_cast<int>(Buffer::HTilde)], 4);
+  EXPECT_EQ(plan.element_sizes[static_cast<int>(Buffer::Carry)], 4);
+  EXPECT_EQ(count(plan, "rnn_backward_b4_f16"), 5u);
+  EXPECT_EQ(count(plan, "gemm_ffh"), 1u);  // dR from float32 deltas and states
+  // Without an input weight dX' is converted into the float16 source gradient.
+  EXPECT_EQ(count(plan, "gemm_fhh"), 1u);
+  EXPECT_EQ(count(plan, "column_sums_f16"), 1u);  // dbias, from float32 dX'
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(PlanGradients, Float32WithoutInputWeightWritesDxIntoTheSourceGradient) {
+  Problem p = gradient_problem(OpKind::Rnn);
+  p.has_input_weight = false;
+  const Plan plan = plan_gradients(p, {});
+  EXPECT_EQ(plan.size(Buffer::DProjected), 0);
+  EXPECT_EQ(count(plan, "gemm"), 1u);  // dR only
+}
+
+TEST(PlanGradients, ZeroSizesPlanNoDispatches) {
+  Problem p = gradient_problem(OpKind::Gru);
+  p.T = 0;
+  EXPECT_TRUE(plan_gradients(p, {}).dispatches.empty());
+}
+
+}  // namespace
