@@ -9,7 +9,8 @@ state, within 1e-6 relative per gradient.
 
 Small layers are perturbed element by element; for large H a few random directional
 derivatives (d/dε L(θ + εv) against <dL/dθ, v>) keep the cost low. Inputs are redrawn
-until every pre-activation is clear of the relu / hard_sigmoid kinks.
+until every pre-activation is clear of the relu / hard_sigmoid kinks. float64 is a CPU
+dtype, so this suite runs on device "cpu" whatever RNNCORE_DEVICE says.
 """
 
 import itertools
@@ -63,7 +64,7 @@ def loss(kind, desc, inputs, cot):
     fields = {"training": False}
     if kind == "lstm":
         fields["produce_cell"] = True
-    out = run(rnncore, kind, inputs, with_fields(desc, **fields))
+    out = run(rnncore, kind, inputs, with_fields(desc, **fields), device="cpu")
     H = inputs["recurrent_weight"].shape[-1]
     bi = desc.bidirectional
     total = np.sum(out.state * cot["source_gradient"])
@@ -106,7 +107,7 @@ def activation_of(desc, field):
 
 def preactivations(kind, desc, inputs):
     """(pre-activation values, activation) pairs of rnncore's forward run."""
-    out = training_forward(rnncore, kind, inputs, desc)
+    out = training_forward(rnncore, kind, inputs, desc, device="cpu")
     T, N = out.state.shape[:2]
     H = inputs["recurrent_weight"].shape[-1]
     D = 2 if desc.bidirectional else 1
@@ -179,7 +180,7 @@ def draw(seed, kind, desc, size, options):
 
 
 def analytic(kind, desc, inputs, cot):
-    grads, _ = run_gradients(rnncore, kind, inputs, desc, cot)
+    grads, _ = run_gradients(rnncore, kind, inputs, desc, cot, device="cpu")
     for field in GRADIENT_FIELDS[kind]:
         value = getattr(grads, field)
         if field not in inputs:
