@@ -1,4 +1,5 @@
-"""Command line: ``python -m rnncore info`` and ``python -m rnncore check``.
+"""Command line: ``python -m rnncore info``, ``python -m rnncore check`` and
+``python -m rnncore bench`` (in bench.py).
 
 ``info`` prints what this build is: version, devices, BLAS library, compiler.
 
@@ -25,7 +26,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 import rnncore
-from rnncore import reference
+from rnncore import bench, reference
 
 # The contract's tolerances (relative to the reference's norm).
 # float16 is a storage type of the Metal devices (float32 arithmetic): 1e-2.
@@ -526,7 +527,7 @@ def main(argv=None):
         return demo.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m rnncore",
-        description="rnncore: a training demo, build information and self-check.",
+        description="rnncore: a training demo, build information, self-check and benchmark.",
     )
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
@@ -563,6 +564,7 @@ def main(argv=None):
     )
     p_check.add_argument("--verbose", action="store_true", help="list every failure")
     p_check.set_defaults(func=cmd_check)
+    bench.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
