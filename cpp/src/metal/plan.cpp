@@ -81,6 +81,30 @@ uint64_t ceil_div(int64_t a, int64_t b) { return static_cast<uint64_t>((a + b - 
 // Smallest batch tile of the step kernels that covers min(N, 8) rows.
 int batch_tile(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8; }
 
+// The grid of the (forward and gradient) step kernels; returns their name suffix
+// "_b<tile>_<dtype>".
+std::string set_step_grid(const Problem& p, Dispatch& d) {
+  const int nb = batch_tile(p.N);
+  d.threadgroups = {ceil_div(p.H, k::STEP_SIMDGROUPS), ceil_div(p.N, nb), uint64_t(p.D)};
+  d.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
+  return "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
+}
+
+// The gate layout as function constants: activations by block position, the cell
+// activation, and the block positions of the gates (LSTM i, f, z, o; GRU z, r).
+void append_gate_constants(const Problem& p, std::vector<FunctionConstant>& c) {
+  using B = FunctionConstant::Type;
+  const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
+  for (int g = 0; g < 4; ++g)
+    c.push_back({uint32_t(k::FC_ACT_0 + g), B::Int,
+                 g < p.G ? static_cast<int32_t>(p.gate_act[g]) : 0});
+  c.push_back({k::FC_CELL_ACT, B::Int, static_cast<int32_t>(p.cell_act)});
+  c.push_back({k::FC_GATE_A, B::Int, int32_t(lstm ? p.lstm_i : gru ? p.gru_z : 0)});
+  c.push_back({k::FC_GATE_B, B::Int, int32_t(lstm ? p.lstm_f : gru ? p.gru_r : 0)});
+  c.push_back({k::FC_GATE_C, B::Int, int32_t(lstm ? p.lstm_z : 0)});
+  c.push_back({k::FC_GATE_D, B::Int, int32_t(lstm ? p.lstm_o : 0)});
+}
+
 void set(Plan& plan, Buffer b, int64_t elements, int64_t element_size = 0) {
   if (element_size == 0) element_size = plan.element_size;
   plan.sizes[static_cast<int>(b)] = elements * element_size;
@@ -205,7 +229,6 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   // Everything but the step number is the same for every step.
   Dispatch step;
   using B = FunctionConstant::Type;
-  const auto act = [&](int g) { return g < G ? static_cast<int32_t>(p.gate_act[g]) : 0; };
   const bool has_b2 = gru && p.reset_after && p.has_secondary_bias;
   step.constants = {{k::FC_HAS_INIT_STATE, B::Bool, p.has_init_state},
                     {k::FC_HAS_INIT_CELL, B::Bool, lstm && p.has_init_cell},
@@ -215,16 +238,8 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
                     {k::FC_TRAINING, B::Bool, p.training},
                     {k::FC_FLIP_Z, B::Bool, gru && p.flip_z},
                     {k::FC_HAS_CELL, B::Bool, lstm},
-                    {k::FC_HAS_WORKSPACE, B::Bool, reset_before},
-                    {k::FC_ACT_0, B::Int, act(0)},
-                    {k::FC_ACT_1, B::Int, act(1)},
-                    {k::FC_ACT_2, B::Int, act(2)},
-                    {k::FC_ACT_3, B::Int, act(3)},
-                    {k::FC_CELL_ACT, B::Int, static_cast<int32_t>(p.cell_act)},
-                    {k::FC_GATE_A, B::Int, int32_t(lstm ? p.lstm_i : gru ? p.gru_z : 0)},
-                    {k::FC_GATE_B, B::Int, int32_t(lstm ? p.lstm_f : gru ? p.gru_r : 0)},
-                    {k::FC_GATE_C, B::Int, int32_t(lstm ? p.lstm_z : 0)},
-                    {k::FC_GATE_D, B::Int, int32_t(lstm ? p.lstm_o : 0)}};
+                    {k::FC_HAS_WORKSPACE, B::Bool, reset_before}};
+  append_gate_constants(p, step.constants);
   step.buffers.push_back({k::SB_XP, project ? Buffer::Projected : Buffer::Source, 0});
   step.buffers.push_back({k::SB_R, Buffer::RecurrentWeight, 0});
   if (p.has_init_state) step.buffers.push_back({k::SB_H0, Buffer::InitState, 0});
@@ -237,11 +252,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
     step.buffers.push_back({k::SB_C, p.produce_cell ? Buffer::Cell : Buffer::CellScratch, 0});
   if (p.training) step.buffers.push_back({k::SB_Z, Buffer::ZState, 0});
   if (reset_before) step.buffers.push_back({k::SB_WS, Buffer::StepScratch, 0});
-  const int nb = batch_tile(N);
-  step.threadgroups = {ceil_div(H, k::STEP_SIMDGROUPS), ceil_div(N, nb), uint64_t(D)};
-  step.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
-
-  const std::string tile = "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
+  const std::string tile = set_step_grid(p, step);
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_step" + tile};
   if (lstm) kernels = {"lstm_step" + tile};
@@ -378,7 +389,6 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
 
   Dispatch step;
   using B = FunctionConstant::Type;
-  const auto act = [&](int g) { return g < G ? static_cast<int32_t>(p.gate_act[g]) : 0; };
   step.constants = {{k::FC_HAS_INIT_STATE, B::Bool, p.has_init_state},
                     {k::FC_HAS_INIT_CELL, B::Bool, init_cell},
                     {k::FC_HAS_MASK, B::Bool, p.has_mask},
@@ -392,16 +402,8 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
                     {k::FC_HAS_HFWD, B::Bool, gru},
                     {k::FC_HAS_CFWD, B::Bool, lstm},
                     {k::FC_HAS_RDELTA, B::Bool, reset_after},
-                    {k::FC_HAS_U, B::Bool, reset_before},
-                    {k::FC_ACT_0, B::Int, act(0)},
-                    {k::FC_ACT_1, B::Int, act(1)},
-                    {k::FC_ACT_2, B::Int, act(2)},
-                    {k::FC_ACT_3, B::Int, act(3)},
-                    {k::FC_CELL_ACT, B::Int, static_cast<int32_t>(p.cell_act)},
-                    {k::FC_GATE_A, B::Int, int32_t(lstm ? p.lstm_i : gru ? p.gru_z : 0)},
-                    {k::FC_GATE_B, B::Int, int32_t(lstm ? p.lstm_f : gru ? p.gru_r : 0)},
-                    {k::FC_GATE_C, B::Int, int32_t(lstm ? p.lstm_z : 0)},
-                    {k::FC_GATE_D, B::Int, int32_t(lstm ? p.lstm_o : 0)}};
+                    {k::FC_HAS_U, B::Bool, reset_before}};
+  append_gate_constants(p, step.constants);
   const auto bind = [&](uint32_t index, Buffer b) { step.buffers.push_back({index, b, 0}); };
   bind(k::BB_RT, Buffer::RecurrentT);
   bind(k::BB_Z, Buffer::ZState);
@@ -423,10 +425,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (peephole) bind(k::BB_CPREV, Buffer::CellPrev);
   if (p.has_init_state) bind(k::BB_DH0, Buffer::DInitState);
   if (init_cell) bind(k::BB_DC0, Buffer::DInitCell);
-  const int nb = batch_tile(N);
-  step.threadgroups = {ceil_div(H, k::STEP_SIMDGROUPS), ceil_div(N, nb), uint64_t(D)};
-  step.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
-  const std::string tile = "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
+  const std::string tile = set_step_grid(p, step);
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_backward" + tile};
   if (lstm) kernels = {"lstm_backward" + tile};
