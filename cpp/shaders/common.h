@@ -12,7 +12,7 @@ using namespace metal;
 // The metallib's function table is the registry on the GPU; the emulator registers here.
 #define REGISTER_KERNEL(adapter, name)
 // A threadgroup-memory argument (the emulator gives all threads of a group one block).
-#define THREADGROUP_BUFFER(type, name, index) threadgroup type *name [[threadgroup(index)]]
+#define THREADGROUP_BUFFER(type, name, index) threadgroup type* name [[threadgroup(index)]]
 #endif
 
 using namespace rnncore::kernels;
@@ -50,25 +50,24 @@ FUNCTION_CONSTANT(int, gate_d, FC_GATE_D)
 
 // Every step kernel takes the same arguments (StepBuffer order); buffers an op does not use
 // are absent through their function constant.
-#define STEP_KERNEL_PARAMS(T)                                                              \
-  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                \
-      device const T *h0 [[buffer(SB_H0), function_constant(has_init_state)]],            \
-      device const T *c0 [[buffer(SB_C0), function_constant(has_init_cell)]],             \
-      device const T *mask [[buffer(SB_MASK), function_constant(has_mask)]],              \
-      device const T *peephole [[buffer(SB_PEEPHOLE), function_constant(has_peephole)]],  \
-      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],        \
-      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]], \
-      device T *z [[buffer(SB_Z), function_constant(training)]],                          \
-      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]],                   \
-      constant StepParams &p [[buffer(SB_PARAMS)]],                                        \
-      uint3 tgid [[threadgroup_position_in_grid]],                                         \
+#define STEP_KERNEL_PARAMS(T)                                                                    \
+  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                      \
+      device const T *h0 [[buffer(SB_H0), function_constant(has_init_state)]],                   \
+      device const T *c0 [[buffer(SB_C0), function_constant(has_init_cell)]],                    \
+      device const T *mask [[buffer(SB_MASK), function_constant(has_mask)]],                     \
+      device const T *peephole [[buffer(SB_PEEPHOLE), function_constant(has_peephole)]],         \
+      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],               \
+      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]],   \
+      device T *z [[buffer(SB_Z), function_constant(training)]],                                 \
+      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]],                          \
+      constant StepParams &p [[buffer(SB_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 #define STEP_KERNEL_ARGS xp, R, h0, c0, mask, peephole, b2, y, c, z, ws, p, tgid, sg, lane
 // The same list without attributes, for the step implementations (plain functions).
-#define STEP_IMPL_PARAMS(T)                                                                  \
-  device const T *xp, device const T *R, device const T *h0, device const T *c0,            \
-      device const T *mask, device const T *peephole, device const T *b2, device T *y,      \
-      device T *c, device T *z, device T *ws, constant StepParams &p, uint3 tgid, uint sg,  \
+#define STEP_IMPL_PARAMS(T)                                                                \
+  device const T *xp, device const T *R, device const T *h0, device const T *c0,           \
+      device const T *mask, device const T *peephole, device const T *b2, device T *y,     \
+      device T *c, device T *z, device T *ws, constant StepParams &p, uint3 tgid, uint sg, \
       uint lane
 
 // The contract's activation table (float32 math; the logistic without overflow).
@@ -105,7 +104,9 @@ inline float2 activate_grad(int code, float x) {
 }
 
 // The activation of the gate block at position `pos` (a function constant: this folds).
-inline int act_at(int pos) { return pos == 0 ? act_0 : pos == 1 ? act_1 : pos == 2 ? act_2 : act_3; }
+inline int act_at(int pos) {
+  return pos == 0 ? act_0 : pos == 1 ? act_1 : pos == 2 ? act_2 : act_3;
+}
 
 // Element `index` of four values; the index is a function constant, so this folds.
 inline float pick4(int index, float a0, float a1, float a2, float a3) {
@@ -118,7 +119,7 @@ struct StepTimes {
   int t_in, t_out, t_prev;
 };
 
-inline StepTimes step_times(constant StepParams &p, int d) {
+inline StepTimes step_times(constant StepParams& p, int d) {
   const bool flip_in = d == 1 || p.reverse != 0;
   const bool flip_out = d == 1;
   StepTimes st;
@@ -130,7 +131,7 @@ inline StepTimes step_times(constant StepParams &p, int d) {
 
 // The mask element of batch row n, state column col (broadcast through zero strides).
 template <typename T>
-inline float mask_at(device const T *mask, constant StepParams &p, int n, int col) {
+inline float mask_at(device const T* mask, constant StepParams& p, int n, int col) {
   return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
@@ -139,10 +140,9 @@ inline float mask_at(device const T *mask, constant StepParams &p, int n, int co
 // v has rows of stride v_ld starting at column v_col; null means zeros; masked rows are
 // multiplied by the mask (h~ = h * m). Every lane returns the sums.
 template <typename T, int NB, int NG>
-inline void recurrent_dot(device const T *v, int v_ld, int v_col, bool masked,
-                          device const T *mask, device const T *R, int rows0,
-                          int rows1, int rows2, int rows3, constant StepParams &p, int n0,
-                          uint lane, thread float (&acc)[NG][NB]) {
+inline void recurrent_dot(device const T* v, int v_ld, int v_col, bool masked, device const T* mask,
+                          device const T* R, int rows0, int rows1, int rows2, int rows3,
+                          constant StepParams& p, int n0, uint lane, thread float (&acc)[NG][NB]) {
   const int rows[4] = {rows0, rows1, rows2, rows3};
   for (int g = 0; g < NG; ++g)
     for (int j = 0; j < NB; ++j) acc[g][j] = 0.0f;
@@ -188,49 +188,47 @@ enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
       device const T *mask [[buffer(BB_MASK), function_constant(has_mask)]],                   \
       device const T *peephole [[buffer(BB_PEEPHOLE), function_constant(has_peephole)]],       \
       device const T *dy [[buffer(BB_DY)]],                                                    \
-      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],      \
-      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],      \
-      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],      \
-      device float *dxp [[buffer(BB_DXP)]],                                                     \
-      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],                \
-      device float *htilde [[buffer(BB_HTILDE)]],                                               \
-      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                            \
-      device float *carry [[buffer(BB_CARRY)]],                                                 \
-      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],                \
+      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],       \
+      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],       \
+      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],       \
+      device float *dxp [[buffer(BB_DXP)]],                                                    \
+      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],               \
+      device float *htilde [[buffer(BB_HTILDE)]],                                              \
+      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                           \
+      device float *carry [[buffer(BB_CARRY)]],                                                \
+      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],               \
       device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                           \
       device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]],                           \
-      constant BackwardParams &p [[buffer(BB_PARAMS)]],                                         \
-      uint3 tgid [[threadgroup_position_in_grid]],                                              \
-      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
-#define BACKWARD_KERNEL_ARGS                                                                   \
-  rt, z, h_fwd, c_fwd, h0, c0, mask, peephole, dy, dh_final, dc_final, dc_steps, dxp, rdelta,  \
+      constant BackwardParams &p [[buffer(BB_PARAMS)]],                                        \
+      uint3 tgid [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]], \
+      uint lane [[thread_index_in_simdgroup]]
+#define BACKWARD_KERNEL_ARGS                                                                  \
+  rt, z, h_fwd, c_fwd, h0, c0, mask, peephole, dy, dh_final, dc_final, dc_steps, dxp, rdelta, \
       htilde, u_in, carry, cprev, dh0, dc0, p, tgid, sg, lane
-#define BACKWARD_IMPL_PARAMS(T)                                                                \
-  device const T *rt, device const T *z, device const T *h_fwd, device const T *c_fwd,         \
-      device const T *h0, device const T *c0, device const T *mask, device const T *peephole,  \
-      device const T *dy, device const T *dh_final, device const T *dc_final,                  \
-      device const T *dc_steps, device float *dxp, device float *rdelta, device float *htilde, \
-      device float *u_in, device float *carry, device float *cprev, device T *dh0,             \
-      device T *dc0,                                                                           \
+#define BACKWARD_IMPL_PARAMS(T)                                                                   \
+  device const T *rt, device const T *z, device const T *h_fwd, device const T *c_fwd,            \
+      device const T *h0, device const T *c0, device const T *mask, device const T *peephole,     \
+      device const T *dy, device const T *dh_final, device const T *dc_final,                     \
+      device const T *dc_steps, device float *dxp, device float *rdelta, device float *htilde,    \
+      device float *u_in, device float *carry, device float *cprev, device T *dh0, device T *dc0, \
       constant BackwardParams &p, uint3 tgid, uint sg, uint lane
 
 // Time indices of processing step s (the contract's flips), for the gradient kernels.
-inline int time_in(constant BackwardParams &p, int d, int s) {
+inline int time_in(constant BackwardParams& p, int d, int s) {
   return d == 1 || p.reverse != 0 ? p.T - 1 - s : s;
 }
-inline int time_out(constant BackwardParams &p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
+inline int time_out(constant BackwardParams& p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
 
 template <typename T>
-inline float mask_at(device const T *mask, constant BackwardParams &p, int n, int col) {
+inline float mask_at(device const T* mask, constant BackwardParams& p, int n, int col) {
   return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
 // acc[j] = sum_{i < len} delta[(n0 + j) * ld + col0 + i] * rt_row[i] over one simdgroup (the
 // product of a step's gate deltas with R, through a row of R^T: both reads contiguous).
 template <typename T, int NB>
-inline void transposed_dot(device const float *delta, int ld, int col0,
-                           device const T *rt_row, int len, int N, int n0, uint lane,
-                           thread float (&acc)[NB]) {
+inline void transposed_dot(device const float* delta, int ld, int col0, device const T* rt_row,
+                           int len, int N, int n0, uint lane, thread float (&acc)[NB]) {
   for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   for (int i = int(lane); i < len; i += SIMD_WIDTH) {
     const float r = float(rt_row[i]);
@@ -248,40 +246,40 @@ inline float lane_value(thread const float (&acc)[NB], uint lane) {
 }
 
 // Instantiates a gradient step kernel for the four batch tiles and both storage types.
-#define INSTANTIATE_BACKWARD_KERNELS(op, impl) \
+#define INSTANTIATE_BACKWARD_KERNELS(op, impl)                                                     \
   kernel void op##_b1_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 1>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b1_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 1>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b1_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 1>(BACKWARD_KERNEL_ARGS); }   \
   kernel void op##_b2_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 2>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b2_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 2>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b2_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 2>(BACKWARD_KERNEL_ARGS); }   \
   kernel void op##_b4_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 4>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b4_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 4>(BACKWARD_KERNEL_ARGS); } \
+  kernel void op##_b4_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 4>(BACKWARD_KERNEL_ARGS); }   \
   kernel void op##_b8_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 8>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b8_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 8>(BACKWARD_KERNEL_ARGS); } \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32) \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b1_f16) \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32) \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b2_f16) \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32) \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b4_f16) \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32) \
+  kernel void op##_b8_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 8>(BACKWARD_KERNEL_ARGS); }   \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32)                                            \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b1_f16)                                             \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32)                                            \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b2_f16)                                             \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32)                                            \
+  REGISTER_KERNEL(backward_adapter<half>, op##_b4_f16)                                             \
+  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32)                                            \
   REGISTER_KERNEL(backward_adapter<half>, op##_b8_f16)
 
 // Instantiates a step kernel for the four batch tiles and both storage types (float32,
 // and float16 with float32 arithmetic).
-#define INSTANTIATE_STEP_KERNELS(op, impl) \
+#define INSTANTIATE_STEP_KERNELS(op, impl)                                                 \
   kernel void op##_b1_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 1>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b1_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 1>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b1_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 1>(STEP_KERNEL_ARGS); }   \
   kernel void op##_b2_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 2>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b2_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 2>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b2_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 2>(STEP_KERNEL_ARGS); }   \
   kernel void op##_b4_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 4>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b4_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 4>(STEP_KERNEL_ARGS); } \
+  kernel void op##_b4_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 4>(STEP_KERNEL_ARGS); }   \
   kernel void op##_b8_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 8>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b8_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 8>(STEP_KERNEL_ARGS); } \
-  REGISTER_KERNEL(step_adapter<float>, op##_b1_f32) \
-  REGISTER_KERNEL(step_adapter<half>, op##_b1_f16) \
-  REGISTER_KERNEL(step_adapter<float>, op##_b2_f32) \
-  REGISTER_KERNEL(step_adapter<half>, op##_b2_f16) \
-  REGISTER_KERNEL(step_adapter<float>, op##_b4_f32) \
-  REGISTER_KERNEL(step_adapter<half>, op##_b4_f16) \
-  REGISTER_KERNEL(step_adapter<float>, op##_b8_f32) \
+  kernel void op##_b8_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 8>(STEP_KERNEL_ARGS); }   \
+  REGISTER_KERNEL(step_adapter<float>, op##_b1_f32)                                        \
+  REGISTER_KERNEL(step_adapter<half>, op##_b1_f16)                                         \
+  REGISTER_KERNEL(step_adapter<float>, op##_b2_f32)                                        \
+  REGISTER_KERNEL(step_adapter<half>, op##_b2_f16)                                         \
+  REGISTER_KERNEL(step_adapter<float>, op##_b4_f32)                                        \
+  REGISTER_KERNEL(step_adapter<half>, op##_b4_f16)                                         \
+  REGISTER_KERNEL(step_adapter<float>, op##_b8_f32)                                        \
   REGISTER_KERNEL(step_adapter<half>, op##_b8_f16)

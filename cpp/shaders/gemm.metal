@@ -14,8 +14,8 @@
 #include "common.h"
 
 template <typename TA, typename TB, typename TC>
-inline void gemm(device const TA *a, device const TB *b, device const TB *bias, device TC *c,
-                 constant GemmParams &p, threadgroup float *tiles, uint3 tgid, uint tid) {
+inline void gemm(device const TA* a, device const TB* b, device const TB* bias, device TC* c,
+                 constant GemmParams& p, threadgroup float* tiles, uint3 tgid, uint tid) {
   const int tx = int(tid) % 16, ty = int(tid) / 16;
   const int m0 = int(tgid.y) * GEMM_TILE_M, n0 = int(tgid.x) * GEMM_TILE_N;
   a += int(tgid.z) * p.a_zs;
@@ -25,9 +25,9 @@ inline void gemm(device const TA *a, device const TB *b, device const TB *bias, 
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
   if (has_weight) {
-    device const TB *bz = b + int(tgid.z) * p.b_zs;
-    threadgroup float *as = tiles;                             // [TILE_K][TILE_M]
-    threadgroup float *bs = tiles + GEMM_TILE_K * GEMM_TILE_M;  // [TILE_K][TILE_N]
+    device const TB* bz = b + int(tgid.z) * p.b_zs;
+    threadgroup float* as = tiles;                              // [TILE_K][TILE_M]
+    threadgroup float* bs = tiles + GEMM_TILE_K * GEMM_TILE_M;  // [TILE_K][TILE_N]
     // Stage along the contiguous index so that neighbouring threads read neighbouring words.
     const bool a_k_major = p.a_cs == 1, b_k_major = p.b_rs == 1;
     for (int k0 = 0; k0 < p.K; k0 += GEMM_TILE_K) {
@@ -39,7 +39,8 @@ inline void gemm(device const TA *a, device const TB *b, device const TB *bias, 
         const int bn = b_k_major ? e / GEMM_TILE_K : e % GEMM_TILE_N;
         const int bk = b_k_major ? e % GEMM_TILE_K : e / GEMM_TILE_N;
         const int n = n0 + bn, kb = k0 + bk;
-        bs[bk * GEMM_TILE_N + bn] = n < p.N && kb < p.K ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
+        bs[bk * GEMM_TILE_N + bn] =
+            n < p.N && kb < p.K ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       for (int k = 0; k < GEMM_TILE_K; ++k) {
@@ -70,16 +71,16 @@ inline void gemm(device const TA *a, device const TB *b, device const TB *bias, 
 // gemm_<A><B><C>: the element types of A, B (and bias) and C, f = float, h = half. float16
 // storage uses hhh (the input projection), fhh (dsource, dW: float32 dX' times half
 // inputs) and ffh (dR from float32 deltas and states).
-#define GEMM_KERNEL(TA, TB, TC, suffix)                                                        \
-  kernel void gemm_##suffix(                                                                   \
-      device const TA *a [[buffer(GB_A)]],                                                     \
-      device const TB *b [[buffer(GB_B), function_constant(has_weight)]],                      \
-      device const TB *bias [[buffer(GB_BIAS), function_constant(has_bias)]],                  \
-      device TC *c [[buffer(GB_C)]], constant GemmParams &p [[buffer(GB_PARAMS)]],             \
-      THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]],        \
-      uint tid [[thread_index_in_threadgroup]]) {                                              \
-    gemm<TA, TB, TC>(a, b, bias, c, p, tiles, tgid, tid);                                      \
-  }                                                                                            \
+#define GEMM_KERNEL(TA, TB, TC, suffix)                                                 \
+  kernel void gemm_##suffix(                                                            \
+      device const TA* a [[buffer(GB_A)]],                                              \
+      device const TB* b [[buffer(GB_B), function_constant(has_weight)]],               \
+      device const TB* bias [[buffer(GB_BIAS), function_constant(has_bias)]],           \
+      device TC* c [[buffer(GB_C)]], constant GemmParams& p [[buffer(GB_PARAMS)]],      \
+      THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]], \
+      uint tid [[thread_index_in_threadgroup]]) {                                       \
+    gemm<TA, TB, TC>(a, b, bias, c, p, tiles, tgid, tid);                               \
+  }                                                                                     \
   REGISTER_KERNEL((gemm_adapter<TA, TB, TC>), gemm_##suffix)
 GEMM_KERNEL(float, float, float, fff)
 GEMM_KERNEL(half, half, half, hhh)
@@ -90,14 +91,14 @@ GEMM_KERNEL(float, float, half, ffh)
 // Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, ~0.1 ms (bandwidth).
 // Sums float32 intermediates (dX', R's deltas, previous cells) into an output of type T.
 template <typename T>
-inline void column_sums(device const float *a, device const float *s, device T *out,
-                        constant ColumnSumParams &p, uint3 tgid, uint tid) {
+inline void column_sums(device const float* a, device const float* s, device T* out,
+                        constant ColumnSumParams& p, uint3 tgid, uint tid) {
   const int col = int(tgid.x) * GEMM_THREADS + int(tid);
   if (col >= p.cols) return;
-  device const float *az = a + int(tgid.z) * p.a_zs + col;
+  device const float* az = a + int(tgid.z) * p.a_zs + col;
   float sum = 0.0f;
   if (has_scale) {
-    device const float *sz = s + int(tgid.z) * p.s_zs + col % p.s_mod;
+    device const float* sz = s + int(tgid.z) * p.s_zs + col % p.s_mod;
     for (int r = 0; r < p.rows; ++r) sum = fma(float(az[r * p.lda]), float(sz[r * p.lds]), sum);
   } else {
     for (int r = 0; r < p.rows; ++r) sum += float(az[r * p.lda]);
@@ -107,10 +108,10 @@ inline void column_sums(device const float *a, device const float *s, device T *
 
 #define COLUMN_SUMS_KERNEL(T, suffix)                                                          \
   kernel void column_sums_##suffix(                                                            \
-      device const float *a [[buffer(CB_A)]],                                                  \
-      device const float *s [[buffer(CB_S), function_constant(has_scale)]],                    \
-      device T *out [[buffer(CB_OUT)]], constant ColumnSumParams &p [[buffer(CB_PARAMS)]],     \
-      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) {  \
+      device const float* a [[buffer(CB_A)]],                                                  \
+      device const float* s [[buffer(CB_S), function_constant(has_scale)]],                    \
+      device T* out [[buffer(CB_OUT)]], constant ColumnSumParams& p [[buffer(CB_PARAMS)]],     \
+      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) { \
     column_sums<T>(a, s, out, p, tgid, tid);                                                   \
   }                                                                                            \
   REGISTER_KERNEL(column_sums_adapter<T>, column_sums_##suffix)
@@ -121,9 +122,9 @@ COLUMN_SUMS_KERNEL(half, f16)
 // columns of R. 4*G*H*H bytes each way once per call.
 #define TRANSPOSE_KERNEL(T, suffix)                                                            \
   kernel void transpose_##suffix(                                                              \
-      device const T *in [[buffer(TB_IN)]], device T *out [[buffer(TB_OUT)]],                  \
-      constant TransposeParams &p [[buffer(TB_PARAMS)]],                                        \
-      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) {  \
+      device const T* in [[buffer(TB_IN)]], device T* out [[buffer(TB_OUT)]],                  \
+      constant TransposeParams& p [[buffer(TB_PARAMS)]],                                       \
+      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) { \
     const int e = int(tgid.x) * GEMM_THREADS + int(tid);                                       \
     if (e >= p.rows * p.cols) return;                                                          \
     const int r = e / p.cols, c = e % p.cols, z = int(tgid.z) * p.zs;                          \

@@ -15,8 +15,8 @@ inline float gru_update(float zg, float h_prev, float o) {
 }
 
 template <typename T>
-inline float previous_state(device const T *h0, device const T *y,
-                            constant StepParams &p, StepTimes st, int n, int col) {
+inline float previous_state(device const T* h0, device const T* y, constant StepParams& p,
+                            StepTimes st, int n, int col) {
   if (st.t_prev >= 0) return float(y[(st.t_prev * p.N + n) * p.y_ld + col]);
   return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
@@ -30,22 +30,22 @@ inline void gru_step(STEP_IMPL_PARAMS(T)) {
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const T *Rd = R + d * 3 * H * H;
-  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
-                                         : y + st.t_prev * p.N * p.y_ld;
+  device const T* Rd = R + d * 3 * H * H;
+  device const T* v =
+      st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[3][NB];
   recurrent_dot<T, NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
-                       acc);
+                          acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
-  device const T *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
+  device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
   const float pre0 = row_value<NB, 3>(acc, 0, lane) + float(x[0]);
   const float pre1 = row_value<NB, 3>(acc, 1, lane) + float(x[H]);
   float q = row_value<NB, 3>(acc, 2, lane);
   if (has_secondary_bias) q += float(b2[col]);
   if (training) {
-    device T *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
+    device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
     zr[0] = pre0;
     zr[H] = pre1;
     zr[2 * H] = q;
@@ -55,8 +55,7 @@ inline void gru_step(STEP_IMPL_PARAMS(T)) {
   const float zg = gate_a == 0 ? a0 : a1;
   const float r = gate_b == 0 ? a0 : a1;
   const float o = activate(act_2, float(x[2 * H]) + r * q);
-  y[(st.t_out * p.N + n) * p.y_ld + col] =
-      gru_update(zg, previous_state(h0, y, p, st, n, col), o);
+  y[(st.t_out * p.N + n) * p.y_ld + col] = gru_update(zg, previous_state(h0, y, p, st, n, col), o);
 }
 
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
@@ -69,19 +68,19 @@ inline void gru_gates(STEP_IMPL_PARAMS(T)) {
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const T *Rd = R + d * 3 * H * H;
-  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
-                                         : y + st.t_prev * p.N * p.y_ld;
+  device const T* Rd = R + d * 3 * H * H;
+  device const T* v =
+      st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[2][NB];
   recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
-  device const T *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
+  device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
   const float pre0 = row_value<NB, 2>(acc, 0, lane) + float(x[0]);
   const float pre1 = row_value<NB, 2>(acc, 1, lane) + float(x[H]);
   if (training) {
-    device T *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 3 * H + u;
+    device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 3 * H + u;
     zr[0] = pre0;
     zr[H] = pre1;
   }
@@ -102,19 +101,18 @@ inline void gru_candidate(STEP_IMPL_PARAMS(T)) {
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const T *Rd = R + d * 3 * H * H;
+  device const T* Rd = R + d * 3 * H * H;
   float acc[1][NB];
-  recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0,
-                       p, n0, lane, acc);
+  recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0, p,
+                          n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
-  const float a_o =
-      row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u]);
+  const float a_o = row_value<NB, 1>(acc, 0, lane) +
+                    float(xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u]);
   if (training) z[(st.t_out * p.N + n) * p.z_ld + d * 3 * H + 2 * H + u] = a_o;
-  y[(st.t_out * p.N + n) * p.y_ld + col] =
-      gru_update(float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col),
-                 activate(act_2, a_o));
+  y[(st.t_out * p.N + n) * p.y_ld + col] = gru_update(
+      float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col), activate(act_2, a_o));
 }
 
 INSTANTIATE_STEP_KERNELS(gru_step, gru_step)
@@ -146,8 +144,8 @@ inline GruDeltas gru_update_grad(float dh, float zg, float o, float h_prev) {
 }
 
 template <typename T>
-inline float gru_h_prev(device const T *h_fwd, device const T *h0,
-                        constant BackwardParams &p, int d, int s, int n, int col) {
+inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant BackwardParams& p,
+                        int d, int s, int n, int col) {
   if (s > 0) return float(h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col]);
   return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
@@ -164,21 +162,21 @@ inline void gru_backward(BACKWARD_IMPL_PARAMS(T)) {
   float acc[NB];
   if (s + 1 < p.T) {
     transposed_dot<T, NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                       rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
+                          rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const float m = mask_at(mask, p, n, col);
-  device float *direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
+  device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
   const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + float(*direct) : 0.0f;
   if (s < 0) {
     if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  device const T *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
+  device const T* zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
   const float2 zg = activate_grad(act_at(gate_a), float(zr[gate_a * H]));
   const float2 r = activate_grad(act_at(gate_b), float(zr[gate_b * H]));
   const float q = float(zr[2 * H]);
@@ -212,14 +210,14 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(T)) {
   float acc[NB];
   if (s + 1 < p.T) {
     transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                       rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
+                          rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const float m = mask_at(mask, p, n, col);
-  device float *direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
+  device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
   float carry_h = 0.0f;
   if (s + 1 < p.T) {
     const int tn = time_out(p, d, s + 1);
@@ -233,7 +231,7 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(T)) {
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  device const T *zr = z + (to * p.N + n) * p.z_ld + d * 3 * H + u;
+  device const T* zr = z + (to * p.N + n) * p.z_ld + d * 3 * H + u;
   const float2 zg = activate_grad(act_at(gate_a), float(zr[gate_a * H]));
   const float2 og = activate_grad(act_2, float(zr[2 * H]));
   const float h_prev = gru_h_prev(h_fwd, h0, p, d, s, n, col);
@@ -259,11 +257,12 @@ inline void gru_backward_r(BACKWARD_IMPL_PARAMS(T)) {
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
   float acc[NB];
   transposed_dot<T, NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
-                     rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
+                        rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const float du = lane_value<NB>(acc, lane);
-  const float2 r = activate_grad(act_at(gate_b), float(z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]));
+  const float2 r =
+      activate_grad(act_at(gate_b), float(z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]));
   const float h_masked = float(htilde[(ti * p.N + n) * p.y_ld + col]);
   dxp[(ti * p.N + n) * p.xp_ld + d * 3 * H + gate_b * H + u] = du * h_masked * r.y;
   u_in[(ti * p.N + n) * p.y_ld + col] = r.x * h_masked;

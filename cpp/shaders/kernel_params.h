@@ -37,7 +37,7 @@ enum FunctionConstantIndex : int32_t {
   FC_HAS_CFWD = 47,       // LSTM gradients: the forward cell output is bound
   FC_HAS_RDELTA = 48,     // GRU reset-after gradients: R's deltas differ from dX'
   FC_HAS_U = 49,          // GRU reset-before gradients: r * h~ is kept for dR
-  FC_ACT_0 = 20,  // activation of the gate block at position 0..3 (ActivationCode)
+  FC_ACT_0 = 20,          // activation of the gate block at position 0..3 (ActivationCode)
   FC_ACT_1 = 21,
   FC_ACT_2 = 22,
   FC_ACT_3 = 23,
@@ -63,7 +63,7 @@ enum KernelSizes : int32_t {
   GEMM_TILE_M = 64,  // output rows per threadgroup
   GEMM_TILE_N = 64,  // output columns per threadgroup
   GEMM_TILE_K = 16,
-  GEMM_THREADS = 256,  // 16 x 16 threads, 4 x 4 outputs each
+  GEMM_THREADS = 256,   // 16 x 16 threads, 4 x 4 outputs each
   STEP_SIMDGROUPS = 4,  // hidden units per step threadgroup (one per simdgroup)
   STEP_MAX_BATCH_TILE = 8,
 };
@@ -125,8 +125,8 @@ enum StepBuffer : int32_t {
   SB_PEEPHOLE = 5,
   SB_B2 = 6,
   SB_Y = 7,
-  SB_C = 8,   // LSTM cell: the cell output, or workspace of the same shape
-  SB_Z = 9,   // training state
+  SB_C = 8,    // LSTM cell: the cell output, or workspace of the same shape
+  SB_Z = 9,    // training state
   SB_WS = 10,  // GRU reset-before: [N, D*H] z gate, then [N, D*H] r * h~
   SB_PARAMS = 11,
 };
@@ -148,14 +148,14 @@ struct StepParams {
 // gradients. dX' [T, N, D*G*H] at input time; RT [D, H, G*H] is R transposed per call.
 enum BackwardBuffer : int32_t {
   BB_RT = 0,
-  BB_Z = 1,        // training state of the forward run
-  BB_HFWD = 2,     // GRU forward state output
-  BB_CFWD = 3,     // LSTM forward cell output
+  BB_Z = 1,     // training state of the forward run
+  BB_HFWD = 2,  // GRU forward state output
+  BB_CFWD = 3,  // LSTM forward cell output
   BB_H0 = 4,
   BB_C0 = 5,
   BB_MASK = 6,
   BB_PEEPHOLE = 7,
-  BB_DY = 8,       // source_gradient [T, N, D*H]
+  BB_DY = 8,  // source_gradient [T, N, D*H]
   BB_DH_FINAL = 9,
   BB_DC_FINAL = 10,
   BB_DC_STEPS = 11,

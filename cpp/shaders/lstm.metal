@@ -17,12 +17,12 @@ inline void lstm_step(STEP_IMPL_PARAMS(T)) {
   if (u >= p.H) return;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
-  device const T *Rd = R + d * 4 * H * H;
-  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
-                                         : y + st.t_prev * p.N * p.y_ld;
+  device const T* Rd = R + d * 4 * H * H;
+  device const T* v =
+      st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[4][NB];
-  recurrent_dot<T, NB, 4>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 3 * H + u, p,
-                       n0, lane, acc);
+  recurrent_dot<T, NB, 4>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 3 * H + u, p, n0,
+                          lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
   const int col = d * H + u;
@@ -31,14 +31,14 @@ inline void lstm_step(STEP_IMPL_PARAMS(T)) {
     c_prev = float(c[(st.t_prev * p.N + n) * p.y_ld + col]);
   else if (has_init_cell)
     c_prev = float(c0[n * p.y_ld + col]);
-  device const T *x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 4 * H + u;
+  device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 4 * H + u;
   float pre[4];
   for (int g = 0; g < 4; ++g) {
     pre[g] = row_value<NB, 4>(acc, g, lane) + float(x[g * H]);
     if (has_peephole) pre[g] = fma(float(peephole[d * 4 * H + g * H + u]), c_prev, pre[g]);
   }
   if (training) {
-    device T *zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
+    device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
     for (int g = 0; g < 4; ++g) zr[g * H] = pre[g];
   }
   const float a0 = activate(act_0, pre[0]), a1 = activate(act_1, pre[1]),
@@ -67,7 +67,7 @@ inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
   float acc[NB];
   if (s + 1 < p.T) {
     transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 4 * H,
-                       rt + (d * H + u) * 4 * H, 4 * H, p.N, n0, lane, acc);
+                          rt + (d * H + u) * 4 * H, 4 * H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }
@@ -75,16 +75,17 @@ inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
   if (int(lane) >= NB || n >= p.N) return;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
-  device float *dc_carry = carry + (CARRY_CELL * p.N + n) * p.y_ld + col;
+  device float* dc_carry = carry + (CARRY_CELL * p.N + n) * p.y_ld + col;
   if (s < 0) {
     if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
     if (want_dc0) dc0[n * p.y_ld + col] = float(*dc_carry);
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
-  device const T *zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
+  device const T* zr = z + (to * p.N + n) * p.z_ld + d * 4 * H + u;
   const float2 g0 = activate_grad(act_0, float(zr[0])), g1 = activate_grad(act_1, float(zr[H])),
-               g2 = activate_grad(act_2, float(zr[2 * H])), g3 = activate_grad(act_3, float(zr[3 * H]));
+               g2 = activate_grad(act_2, float(zr[2 * H])),
+               g3 = activate_grad(act_3, float(zr[3 * H]));
   const float2 gi = gate_a == 0 ? g0 : gate_a == 1 ? g1 : gate_a == 2 ? g2 : g3;
   const float2 gf = gate_b == 0 ? g0 : gate_b == 1 ? g1 : gate_b == 2 ? g2 : g3;
   const float2 gz = gate_c == 0 ? g0 : gate_c == 1 ? g1 : gate_c == 2 ? g2 : g3;
@@ -107,14 +108,14 @@ inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
   if (has_dc_steps) dc += float(dc_steps[(to * p.N + n) * p.y_ld + col]);
   const float d_o = dh * phi.x * go.y, d_i = dc * gz.x * gi.y, d_z = dc * gi.x * gz.y,
               d_f = dc * c_prev * gf.y;
-  device float *dx = dxp + (ti * p.N + n) * p.xp_ld + d * 4 * H + u;
+  device float* dx = dxp + (ti * p.N + n) * p.xp_ld + d * 4 * H + u;
   dx[gate_a * H] = d_i;
   dx[gate_b * H] = d_f;
   dx[gate_c * H] = d_z;
   dx[gate_d * H] = d_o;
   float dc_next = dc * gf.x;
   if (has_peephole) {
-    device const T *P = peephole + d * 4 * H + u;
+    device const T* P = peephole + d * 4 * H + u;
     for (int k = 0; k < 4; ++k) {
       const float dk = k == gate_a ? d_i : k == gate_b ? d_f : k == gate_c ? d_z : d_o;
       dc_next = fma(dk, float(P[k * H]), dc_next);
@@ -125,7 +126,8 @@ inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
   float h_prev = 0.0f;
   if (s > 0) {
     const int tp = time_out(p, d, s - 1);
-    const float o_prev = activate(act_at(gate_d), float(z[(tp * p.N + n) * p.z_ld + d * 4 * H + gate_d * H + u]));
+    const float o_prev =
+        activate(act_at(gate_d), float(z[(tp * p.N + n) * p.z_ld + d * 4 * H + gate_d * H + u]));
     h_prev = o_prev * activate(cell_act, c_prev);
   } else if (has_init_state) {
     h_prev = float(h0[n * p.y_ld + col]);

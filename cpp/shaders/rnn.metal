@@ -16,14 +16,15 @@ inline void rnn_step(STEP_IMPL_PARAMS(T)) {
   const int n0 = int(tgid.y) * NB;
   if (u >= p.H) return;  // whole simdgroup: no simd operation is left half-done
   const StepTimes st = step_times(p, d);
-  device const T *Rd = R + d * p.H * p.H;
-  device const T *v = st.t_prev < 0 ? (has_init_state ? h0 : nullptr)
-                                         : y + st.t_prev * p.N * p.y_ld;
+  device const T* Rd = R + d * p.H * p.H;
+  device const T* v =
+      st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, acc);
   const int n = n0 + int(lane);
   if (int(lane) >= NB || n >= p.N) return;
-  const float pre = row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
+  const float pre =
+      row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
   if (training) z[(st.t_out * p.N + n) * p.z_ld + d * p.H + u] = pre;
   y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = activate(act_0, pre);
 }
@@ -44,7 +45,7 @@ inline void rnn_backward(BACKWARD_IMPL_PARAMS(T)) {
   float acc[NB];
   if (s + 1 < p.T) {
     transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
-                       rt + (d * H + u) * H, H, p.N, n0, lane, acc);
+                          rt + (d * H + u) * H, H, p.N, n0, lane, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }

@@ -1,9 +1,8 @@
 // Runs a bidirectional GRU over a batch of random sequences and prints the final states.
 #include <cstdio>
 #include <random>
-#include <vector>
-
 #include <rnncore/rnncore.hpp>
+#include <vector>
 
 int main() {
   const int64_t T = 20, N = 4, I = 8, H = 16, D = 2;
@@ -14,8 +13,8 @@ int main() {
     for (auto& x : v) x = normal(gen);
     return v;
   };
-  std::vector<float> x = random(T * N * I), W = random(D * 3 * H * I),
-                     R = random(D * 3 * H * H), b = random(D * 3 * H);
+  std::vector<float> x = random(T * N * I), W = random(D * 3 * H * I), R = random(D * 3 * H * H),
+                     b = random(D * 3 * H);
 
   rnncore::GRUInputs in;
   in.source = rnncore::TensorView(x.data(), {T, N, I});
@@ -34,8 +33,7 @@ int main() {
     // Final forward state: y[T-1, n, 0:H]; final backward state: y[0, n, H:2H].
     for (int64_t n = 0; n < N; ++n)
       std::printf("sequence %lld: forward h[0] = %+.6f, backward h[0] = %+.6f\n",
-                  static_cast<long long>(n), y[((T - 1) * N + n) * D * H],
-                  y[n * D * H + H]);
+                  static_cast<long long>(n), y[((T - 1) * N + n) * D * H], y[n * D * H + H]);
   } catch (const rnncore::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

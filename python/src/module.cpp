@@ -139,8 +139,8 @@ bool is_numpy_bool(nb::handle v) {
   if (!nb::hasattr(tp, "__module__")) return false;
   const std::string mod = nb::cast<std::string>(nb::str(tp.attr("__module__")));
   const std::string name = nb::cast<std::string>(nb::type_name(tp));
-  return mod == "numpy" && (name == "bool" || name == "bool_" || name == "numpy.bool" ||
-                            name == "numpy.bool_");
+  return mod == "numpy" &&
+         (name == "bool" || name == "bool_" || name == "numpy.bool" || name == "numpy.bool_");
 }
 
 template <class D>
@@ -245,15 +245,15 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       c.def_prop_rw(
           f.name, [f](const D& d) { return d.*f.flag; },
           [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(nb::sig((std::string("def ") + f.name + "(self, arg: bool, /) -> None")
-                                     .c_str())));
+          nb::for_setter(
+              nb::sig((std::string("def ") + f.name + "(self, arg: bool, /) -> None").c_str())));
     else
       c.def_prop_rw(
           f.name, [f](const D& d) { return d.*f.act; },
           [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(nb::sig((std::string("def ") + f.name +
-                                  "(self, arg: Activation | int, /) -> None")
-                                     .c_str())));
+          nb::for_setter(
+              nb::sig((std::string("def ") + f.name + "(self, arg: Activation | int, /) -> None")
+                          .c_str())));
   }
   c.def(
       "__eq__",
@@ -268,7 +268,8 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
   c.attr("__hash__") = nb::none();  // mutable
   c.def("__repr__", [cls](const D& d) { return repr_of(cls, d); });
   c.def("__copy__", [](const D& d) { return D(d); });
-  c.def("__deepcopy__", [](const D& d, nb::handle) { return D(d); }, "memo"_a);
+  c.def(
+      "__deepcopy__", [](const D& d, nb::handle) { return D(d); }, "memo"_a);
   c.def("__getstate__", [](const D& d) {
     nb::list state;
     for (const auto& f : fields<D>())
@@ -348,9 +349,12 @@ NB_MODULE(_core, m) {
          const OptArray& bias, const OptArray& init_state, const OptArray& mask,
          const RNNDescriptor* descriptor, const std::optional<std::string>& device) {
         const char* op = "single_gate_rnn";
-        RNNInputs in{view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
-                     view(op, "input_weight", input_weight), view(op, "bias", bias),
-                     view(op, "init_state", init_state), view(op, "mask", mask)};
+        RNNInputs in{view(op, "source", source),
+                     view(op, "recurrent_weight", recurrent_weight),
+                     view(op, "input_weight", input_weight),
+                     view(op, "bias", bias),
+                     view(op, "init_state", init_state),
+                     view(op, "mask", mask)};
         const Device dev = device_arg(device);
         RNNResults r;
         {
@@ -370,10 +374,14 @@ NB_MODULE(_core, m) {
          const OptArray& mask, const OptArray& peephole, const LSTMDescriptor* descriptor,
          const std::optional<std::string>& device) {
         const char* op = "lstm";
-        LSTMInputs in{view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
-                      view(op, "input_weight", input_weight), view(op, "bias", bias),
-                      view(op, "init_state", init_state), view(op, "init_cell", init_cell),
-                      view(op, "mask", mask), view(op, "peephole", peephole)};
+        LSTMInputs in{view(op, "source", source),
+                      view(op, "recurrent_weight", recurrent_weight),
+                      view(op, "input_weight", input_weight),
+                      view(op, "bias", bias),
+                      view(op, "init_state", init_state),
+                      view(op, "init_cell", init_cell),
+                      view(op, "mask", mask),
+                      view(op, "peephole", peephole)};
         const Device dev = device_arg(device);
         LSTMResults r;
         {
@@ -394,9 +402,12 @@ NB_MODULE(_core, m) {
          const OptArray& secondary_bias, const GRUDescriptor* descriptor,
          const std::optional<std::string>& device) {
         const char* op = "gru";
-        GRUInputs in{view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
-                     view(op, "input_weight", input_weight), view(op, "bias", bias),
-                     view(op, "init_state", init_state), view(op, "mask", mask),
+        GRUInputs in{view(op, "source", source),
+                     view(op, "recurrent_weight", recurrent_weight),
+                     view(op, "input_weight", input_weight),
+                     view(op, "bias", bias),
+                     view(op, "init_state", init_state),
+                     view(op, "mask", mask),
                      view(op, "secondary_bias", secondary_bias)};
         const Device dev = device_arg(device);
         GRUResults r;
@@ -418,10 +429,12 @@ NB_MODULE(_core, m) {
          const RNNDescriptor* descriptor, const std::optional<std::string>& device) {
         const char* op = "single_gate_rnn_gradients";
         RNNGradientInputs in;
-        static_cast<RNNInputs&>(in) = {
-            view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
-            view(op, "input_weight", input_weight), view(op, "bias", bias),
-            view(op, "init_state", init_state), view(op, "mask", mask)};
+        static_cast<RNNInputs&>(in) = {view(op, "source", source),
+                                       view(op, "recurrent_weight", recurrent_weight),
+                                       view(op, "input_weight", input_weight),
+                                       view(op, "bias", bias),
+                                       view(op, "init_state", init_state),
+                                       view(op, "mask", mask)};
         in.source_gradient = view(op, "source_gradient", source_gradient);
         in.z_state = view(op, "z_state", z_state);
         in.state_gradient = view(op, "state_gradient", state_gradient);
@@ -432,8 +445,7 @@ NB_MODULE(_core, m) {
           g = single_gate_rnn_gradients(in, descriptor_arg(descriptor), dev);
         }
         return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias),
-                              to_numpy(g.init_state));
+                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state));
       },
       "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, nb::kw_only(),
       "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(), "bias"_a = nb::none(),
@@ -450,11 +462,14 @@ NB_MODULE(_core, m) {
          const std::optional<std::string>& device) {
         const char* op = "lstm_gradients";
         LSTMGradientInputs in;
-        static_cast<LSTMInputs&>(in) = {
-            view(op, "source", source),         view(op, "recurrent_weight", recurrent_weight),
-            view(op, "input_weight", input_weight), view(op, "bias", bias),
-            view(op, "init_state", init_state), view(op, "init_cell", init_cell),
-            view(op, "mask", mask),             view(op, "peephole", peephole)};
+        static_cast<LSTMInputs&>(in) = {view(op, "source", source),
+                                        view(op, "recurrent_weight", recurrent_weight),
+                                        view(op, "input_weight", input_weight),
+                                        view(op, "bias", bias),
+                                        view(op, "init_state", init_state),
+                                        view(op, "init_cell", init_cell),
+                                        view(op, "mask", mask),
+                                        view(op, "peephole", peephole)};
         in.source_gradient = view(op, "source_gradient", source_gradient);
         in.z_state = view(op, "z_state", z_state);
         in.cell_output_fwd = view(op, "cell_output_fwd", cell_output_fwd);
@@ -485,11 +500,13 @@ NB_MODULE(_core, m) {
          const std::optional<std::string>& device) {
         const char* op = "gru_gradients";
         GRUGradientInputs in;
-        static_cast<GRUInputs&>(in) = {
-            view(op, "source", source), view(op, "recurrent_weight", recurrent_weight),
-            view(op, "input_weight", input_weight), view(op, "bias", bias),
-            view(op, "init_state", init_state), view(op, "mask", mask),
-            view(op, "secondary_bias", secondary_bias)};
+        static_cast<GRUInputs&>(in) = {view(op, "source", source),
+                                       view(op, "recurrent_weight", recurrent_weight),
+                                       view(op, "input_weight", input_weight),
+                                       view(op, "bias", bias),
+                                       view(op, "init_state", init_state),
+                                       view(op, "mask", mask),
+                                       view(op, "secondary_bias", secondary_bias)};
         in.source_gradient = view(op, "source_gradient", source_gradient);
         in.z_state = view(op, "z_state", z_state);
         in.output_fwd = view(op, "output_fwd", output_fwd);
@@ -501,8 +518,8 @@ NB_MODULE(_core, m) {
           g = gru_gradients(in, descriptor_arg(descriptor), dev);
         }
         return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias),
-                              to_numpy(g.init_state), to_numpy(g.secondary_bias));
+                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state),
+                              to_numpy(g.secondary_bias));
       },
       "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, "output_fwd"_a,
       nb::kw_only(), "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(),

@@ -4,8 +4,8 @@
 // simdgroups, and a simd operation in divergent control flow. Valid Metal.
 #include "common.h"
 
-#define SELFTEST_PARAMS                                                          \
-  device float *data [[buffer(0)]], THREADGROUP_BUFFER(float, shared, 0),        \
+#define SELFTEST_PARAMS                                                                  \
+  device float *data [[buffer(0)]], THREADGROUP_BUFFER(float, shared, 0),                \
       uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]], \
       uint3 tptg [[threads_per_threadgroup]]
 

@@ -113,8 +113,7 @@ TEST(Lstm, ScalarCellWithPeepholeAndMask) {
 
 TEST(Gru, ScalarResetAfterFlipZBidirectional) {
   // T = 2, N = 1, H = 1, D = 2, no input weight: x' is [T, 1, 2*3].
-  const std::vector<double> xp = {0.1, -0.2, 0.3, 0.4, 0.5, -0.6,
-                                  -0.7, 0.8, 0.9, -1.0, 0.2, 0.3};
+  const std::vector<double> xp = {0.1, -0.2, 0.3, 0.4, 0.5, -0.6, -0.7, 0.8, 0.9, -1.0, 0.2, 0.3};
   const std::vector<double> R = {0.5, -0.5, 0.25, -0.75, 0.6, 0.9};  // [2, 3, 1]
   const std::vector<double> b2 = {0.05, -0.05};
   rnncore::GRUInputs in;

@@ -94,8 +94,8 @@ TEST(Emulator, ThreadsAtDifferentBarriersRaise) {
 TEST(Emulator, SimdSumCoversActiveLanesOfPartialSimdgroups) {
   std::vector<float> v = iota(40);  // a full simdgroup and one of 8 lanes
   run("selftest_simd_sum", v);
-  for (size_t i = 0; i < 32; ++i) EXPECT_EQ(v[i], 528.0f) << i;     // 1 + ... + 32
-  for (size_t i = 32; i < 40; ++i) EXPECT_EQ(v[i], 292.0f) << i;    // 33 + ... + 40
+  for (size_t i = 0; i < 32; ++i) EXPECT_EQ(v[i], 528.0f) << i;   // 1 + ... + 32
+  for (size_t i = 32; i < 40; ++i) EXPECT_EQ(v[i], 292.0f) << i;  // 33 + ... + 40
 }
 
 TEST(Emulator, InactiveLanesReadAsPoison) {
@@ -174,7 +174,7 @@ TEST(EmulatorHalf, EveryHalfRoundTrips) {
 TEST(EmulatorHalf, RoundsToNearestEven) {
   EXPECT_EQ(half_bits_to_float(float_to_half_bits(1.0f + std::ldexp(1.0f, -11))), 1.0f);  // tie
   EXPECT_EQ(half_bits_to_float(float_to_half_bits(1.0f + 3 * std::ldexp(1.0f, -11))),
-            1.0f + std::ldexp(1.0f, -9));  // tie to even, upwards
+            1.0f + std::ldexp(1.0f, -9));                                 // tie to even, upwards
   EXPECT_EQ(half_bits_to_float(float_to_half_bits(65504.0f)), 65504.0f);  // largest half
   EXPECT_TRUE(std::isinf(half_bits_to_float(float_to_half_bits(65520.0f))));  // rounds to inf
   EXPECT_EQ(half_bits_to_float(float_to_half_bits(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));

@@ -104,8 +104,8 @@ TEST(Plan, LargeBidirectionalLstm) {
 }
 
 TEST(Plan, BatchTileCoversTheBatch) {
-  const std::pair<int64_t, const char*> cases[] = {
-      {1, "_b1_"}, {2, "_b2_"}, {3, "_b4_"}, {4, "_b4_"}, {5, "_b8_"}, {67, "_b8_"}};
+  const std::pair<int64_t, const char*> cases[] = {{1, "_b1_"}, {2, "_b2_"}, {3, "_b4_"},
+                                                   {4, "_b4_"}, {5, "_b8_"}, {67, "_b8_"}};
   for (const auto& [N, tile] : cases) {
     const Plan plan = plan_forward(problem(OpKind::Rnn, 2, N, 3, 31), {});
     const Dispatch& d = plan.dispatches.back();
@@ -243,7 +243,7 @@ TEST(PlanGradients, StepsRunBackwardThenTheInitialStateDispatch) {
       steps.push_back(bp.step);
     }
   EXPECT_EQ(steps, (std::vector<int32_t>{3, 2, 1, 0, -1}));
-  EXPECT_EQ(count(plan, "gemm_fff"), 3u);  // dR, dsource, dW
+  EXPECT_EQ(count(plan, "gemm_fff"), 3u);         // dR, dsource, dW
   EXPECT_EQ(count(plan, "column_sums_f32"), 1u);  // dbias
   EXPECT_TRUE(plan.written(Buffer::DInitState));
   EXPECT_FALSE(plan.written(Buffer::ZState));  // an input of the gradient op

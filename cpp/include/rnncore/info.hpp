@@ -8,10 +8,10 @@ namespace rnncore {
 
 struct BuildInfo {
   std::string version;
-  std::string blas;      // the BLAS library in use, with its configuration when known
+  std::string blas;  // the BLAS library in use, with its configuration when known
   std::string compiler;
-  int threads = 1;        // threads a call may use (RNNCORE_NUM_THREADS, set_num_threads)
-  std::string kernels;    // the CPU kernel variant: avx512, avx2 or generic
+  int threads = 1;      // threads a call may use (RNNCORE_NUM_THREADS, set_num_threads)
+  std::string kernels;  // the CPU kernel variant: avx512, avx2 or generic
   std::vector<std::string> devices;
 };
 

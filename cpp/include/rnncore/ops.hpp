@@ -11,8 +11,8 @@
 namespace rnncore {
 
 struct RNNInputs {
-  TensorView source;            // [T, N, I], or [T, N, D*H] without input_weight
-  TensorView recurrent_weight;  // [H, H], or [2, H, H] when bidirectional
+  TensorView source;                       // [T, N, I], or [T, N, D*H] without input_weight
+  TensorView recurrent_weight;             // [H, H], or [2, H, H] when bidirectional
   std::optional<TensorView> input_weight;  // [D*H, I]
   std::optional<TensorView> bias;          // [D*H]
   std::optional<TensorView> init_state;    // [N, D*H]
@@ -25,8 +25,8 @@ struct RNNResults {
 };
 
 struct LSTMInputs {
-  TensorView source;            // [T, N, I], or [T, N, D*4H] without input_weight
-  TensorView recurrent_weight;  // [4H, H], or [2, 4H, H]
+  TensorView source;                       // [T, N, I], or [T, N, D*4H] without input_weight
+  TensorView recurrent_weight;             // [4H, H], or [2, 4H, H]
   std::optional<TensorView> input_weight;  // [D*4H, I]
   std::optional<TensorView> bias;          // [D*4H]
   std::optional<TensorView> init_state;    // [N, D*H]
@@ -42,8 +42,8 @@ struct LSTMResults {
 };
 
 struct GRUInputs {
-  TensorView source;            // [T, N, I], or [T, N, D*3H] without input_weight
-  TensorView recurrent_weight;  // [3H, H], or [2, 3H, H]
+  TensorView source;                         // [T, N, I], or [T, N, D*3H] without input_weight
+  TensorView recurrent_weight;               // [3H, H], or [2, 3H, H]
   std::optional<TensorView> input_weight;    // [D*3H, I]
   std::optional<TensorView> bias;            // [D*3H]
   std::optional<TensorView> init_state;      // [N, D*H]
@@ -62,8 +62,8 @@ struct GRUResults {
 // A gradient is returned for every differentiable input that was given.
 
 struct RNNGradientInputs : RNNInputs {
-  TensorView source_gradient;  // [T, N, D*H], laid out as the state output
-  TensorView z_state;          // [T, N, D*H]
+  TensorView source_gradient;                // [T, N, D*H], laid out as the state output
+  TensorView z_state;                        // [T, N, D*H]
   std::optional<TensorView> state_gradient;  // [N, D*H]: into each direction's final state
 };
 
@@ -74,9 +74,9 @@ struct RNNGradients {
 };
 
 struct LSTMGradientInputs : LSTMInputs {
-  TensorView source_gradient;  // [T, N, D*H]
-  TensorView z_state;          // [T, N, D*4H]
-  TensorView cell_output_fwd;  // [T, N, D*H]: the forward cell output
+  TensorView source_gradient;                // [T, N, D*H]
+  TensorView z_state;                        // [T, N, D*4H]
+  TensorView cell_output_fwd;                // [T, N, D*H]: the forward cell output
   std::optional<TensorView> state_gradient;  // [N, D*H]
   std::optional<TensorView> cell_gradient;   // [N, D*H] (final cell) or [T, N, D*H] (per step)
 };
@@ -88,9 +88,9 @@ struct LSTMGradients {
 };
 
 struct GRUGradientInputs : GRUInputs {
-  TensorView source_gradient;  // [T, N, D*H]
-  TensorView z_state;          // [T, N, D*3H], or [T, N, D*4H] with reset_after
-  TensorView output_fwd;       // [T, N, D*H]: the forward state output
+  TensorView source_gradient;                // [T, N, D*H]
+  TensorView z_state;                        // [T, N, D*3H], or [T, N, D*4H] with reset_after
+  TensorView output_fwd;                     // [T, N, D*H]: the forward state output
   std::optional<TensorView> state_gradient;  // [N, D*H]
 };
 
@@ -112,8 +112,7 @@ RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& inputs,
                                        const RNNDescriptor& descriptor = {},
                                        Device device = Device::Auto);
 LSTMGradients lstm_gradients(const LSTMGradientInputs& inputs,
-                             const LSTMDescriptor& descriptor = {},
-                             Device device = Device::Auto);
+                             const LSTMDescriptor& descriptor = {}, Device device = Device::Auto);
 GRUGradients gru_gradients(const GRUGradientInputs& inputs, const GRUDescriptor& descriptor = {},
                            Device device = Device::Auto);
 

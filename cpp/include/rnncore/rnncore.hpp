@@ -5,6 +5,6 @@
 #include "rnncore/descriptors.hpp"
 #include "rnncore/device.hpp"
 #include "rnncore/error.hpp"
+#include "rnncore/info.hpp"
 #include "rnncore/ops.hpp"
 #include "rnncore/tensor.hpp"
-#include "rnncore/info.hpp"

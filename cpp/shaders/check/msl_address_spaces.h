@@ -43,7 +43,7 @@
 #define REGISTER_KERNEL(adapter, name)
 // A threadgroup-memory argument. Metal spells it `threadgroup T *name [[threadgroup(i)]]`,
 // but the attribute's name would be rewritten by the `threadgroup` macro, so it is left out.
-#define THREADGROUP_BUFFER(type, name, index) threadgroup type *name
+#define THREADGROUP_BUFFER(type, name, index) threadgroup type* name
 
 namespace metal {
 using uint = unsigned int;

@@ -16,7 +16,7 @@ namespace rnncore::detail {
 struct DirectionForward {
   const void* xp = nullptr;  // x' = projected input + bias, [T, N, G*H] of stride xp_ld
   int64_t xp_ld = 0;
-  const void* R = nullptr;  // [G*H, H]
+  const void* R = nullptr;   // [G*H, H]
   const void* h0 = nullptr;  // [N, H] or null (zeros)
   int64_t h0_ld = 0;
   const void* c0 = nullptr;  // LSTM [N, H] or null (zeros)
@@ -141,8 +141,8 @@ class Backend {
   virtual void backward(const Problem& p, const DirectionBackward* dirs) = 0;
   // From dX' [T*N, D*G*H]: dsource = dX' W (or dX' without W; dsource may be null then),
   // dW = dX'^T source, dbias = column sums of dX'. Null outputs are not wanted.
-  virtual void input_gradients(const Problem& p, const void* dxp, const void* source,
-                               const void* W, void* dsource, void* dW, void* dbias) = 0;
+  virtual void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
+                               void* dsource, void* dW, void* dbias) = 0;
 };
 
 Backend& cpu_backend();

@@ -1,11 +1,12 @@
 // The wrapper of the contract ("How every forward operation is built"), once for every
 // backend: project + bias, broadcast the mask, then per direction the core recurrence
 // with its time flips, writing straight into the concatenated outputs.
+#include "rnncore/ops.hpp"
+
 #include <cstring>
 
 #include "core/backend.hpp"
 #include "core/validate.hpp"
-#include "rnncore/ops.hpp"
 
 namespace rnncore::detail {
 namespace {
@@ -25,8 +26,8 @@ Backend& backend_for(Device device, const Problem& p, bool gradients) {
   Backend& be = backend_for(device);
   const std::string op = std::string(op_name(p.op)) + (gradients ? "_gradients" : "");
   if (!be.computes(p.dtype))
-    throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() +
-                    ", not " + dtype_name(p.dtype) + "; " +
+    throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() + ", not " +
+                    dtype_name(p.dtype) + "; " +
                     (p.dtype == DType::Float16 ? "float16 is a storage type of device 'metal'"
                                                : "float64 is computed on device 'cpu'"));
   return be;
@@ -81,9 +82,20 @@ struct CommonInputs {
 
 // The inputs as a whole-op backend takes them.
 ForwardArrays forward_arrays(const CommonInputs& in) {
-  ForwardArrays a{in.source->data, in.input_weight, in.recurrent_weight, in.bias,
-                  in.init_state, in.init_cell, opt_data(*in.mask), 1, 1, in.peephole,
-                  in.secondary_bias, nullptr, nullptr, nullptr};
+  ForwardArrays a{in.source->data,
+                  in.input_weight,
+                  in.recurrent_weight,
+                  in.bias,
+                  in.init_state,
+                  in.init_cell,
+                  opt_data(*in.mask),
+                  1,
+                  1,
+                  in.peephole,
+                  in.secondary_bias,
+                  nullptr,
+                  nullptr,
+                  nullptr};
   if (in.mask->has_value()) {
     const TensorView& m = **in.mask;
     a.mask_rows = m.rank() == 2 ? m.shape[0] : 1;
@@ -151,7 +163,6 @@ Outputs run_forward(const Problem& p, const CommonInputs& in, Backend& be) {
   return out;
 }
 
-
 struct CommonGradInputs {
   CommonInputs fwd;
   const void* dy;
@@ -168,8 +179,7 @@ struct GradOutputs {
 };
 
 // Whole-op backends write every output themselves, so they get device memory for all.
-bool whole_op_backward(const Problem& p, const CommonGradInputs& in, Backend& be,
-                       GradOutputs& g) {
+bool whole_op_backward(const Problem& p, const CommonGradInputs& in, Backend& be, GradOutputs& g) {
   if (!be.runs_whole_ops()) return false;
   BackwardArrays a;
   a.fwd = forward_arrays(in.fwd);
@@ -209,15 +219,13 @@ GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& 
   const int64_t dgh = D * GH;
   const int64_t es = dtype_size(p.dtype);
   GradOutputs g;
-  g.recurrent_weight =
-      Tensor::zeros(D == 2 ? Shape{2, GH, H} : Shape{GH, H}, p.dtype);
+  g.recurrent_weight = Tensor::zeros(D == 2 ? Shape{2, GH, H} : Shape{GH, H}, p.dtype);
   if (p.has_input_weight) g.input_weight = Tensor::zeros({dgh, p.I}, p.dtype);
   if (p.has_bias) g.bias = Tensor::zeros({dgh}, p.dtype);
   if (p.has_peephole) g.peephole = Tensor::zeros(D == 2 ? Shape{2, 4 * H} : Shape{4 * H}, p.dtype);
   if (want_secondary_bias) g.secondary_bias = Tensor::zeros({DH}, p.dtype);
 
-  const bool final_cell =
-      in.cell_gradient->has_value() && (*in.cell_gradient)->rank() == 2;
+  const bool final_cell = in.cell_gradient->has_value() && (*in.cell_gradient)->rank() == 2;
   // With nothing to propagate through, the initial-state gradients are the final ones.
   auto passthrough = [&](const void* src, std::optional<Tensor>& dst) {
     dst = Tensor::zeros({N, DH}, p.dtype);
@@ -226,8 +234,7 @@ GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& 
   if (T == 0 || N == 0 || H == 0) {
     g.source = Tensor::zeros(in.fwd.source->shape, p.dtype);
     if (p.has_init_state) passthrough(in.state_gradient, g.init_state);
-    if (p.has_init_cell)
-      passthrough(final_cell ? (*in.cell_gradient)->data : nullptr, g.init_cell);
+    if (p.has_init_cell) passthrough(final_cell ? (*in.cell_gradient)->data : nullptr, g.init_cell);
     return g;
   }
   if (p.has_init_state) g.init_state = be.allocate({N, DH}, p.dtype);
@@ -301,9 +308,15 @@ using namespace detail;
 RNNResults single_gate_rnn(const RNNInputs& in, const RNNDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                  opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask,
-                  nullptr, nullptr};
+  CommonInputs ci{&in.source,
+                  in.recurrent_weight.data,
+                  opt_data(in.input_weight),
+                  opt_data(in.bias),
+                  opt_data(in.init_state),
+                  nullptr,
+                  &in.mask,
+                  nullptr,
+                  nullptr};
   Outputs o = run_forward(p, ci, be);
   return {std::move(o.state), std::move(o.z_state)};
 }
@@ -311,9 +324,9 @@ RNNResults single_gate_rnn(const RNNInputs& in, const RNNDescriptor& desc, Devic
 LSTMResults lstm(const LSTMInputs& in, const LSTMDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                  opt_data(in.bias), opt_data(in.init_state), opt_data(in.init_cell),
-                  &in.mask, opt_data(in.peephole), nullptr};
+  CommonInputs ci{&in.source,        in.recurrent_weight.data, opt_data(in.input_weight),
+                  opt_data(in.bias), opt_data(in.init_state),  opt_data(in.init_cell),
+                  &in.mask,          opt_data(in.peephole),    nullptr};
   Outputs o = run_forward(p, ci, be);
   return {std::move(o.state), std::move(o.cell), std::move(o.z_state)};
 }
@@ -321,9 +334,15 @@ LSTMResults lstm(const LSTMInputs& in, const LSTMDescriptor& desc, Device device
 GRUResults gru(const GRUInputs& in, const GRUDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                  opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask,
-                  nullptr, opt_data(in.secondary_bias)};
+  CommonInputs ci{&in.source,
+                  in.recurrent_weight.data,
+                  opt_data(in.input_weight),
+                  opt_data(in.bias),
+                  opt_data(in.init_state),
+                  nullptr,
+                  &in.mask,
+                  nullptr,
+                  opt_data(in.secondary_bias)};
   Outputs o = run_forward(p, ci, be);
   return {std::move(o.state), std::move(o.z_state)};
 }
@@ -337,15 +356,15 @@ RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& in, const RNNDes
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, true);
   static const std::optional<TensorView> none;
-  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                       opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,
-                       nullptr},
-                      in.source_gradient.data,
-                      in.z_state.data,
-                      nullptr,
-                      nullptr,
-                      opt_data(in.state_gradient),
-                      &none};
+  CommonGradInputs ci{
+      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+       opt_data(in.init_state), nullptr, &in.mask, nullptr, nullptr},
+      in.source_gradient.data,
+      in.z_state.data,
+      nullptr,
+      nullptr,
+      opt_data(in.state_gradient),
+      &none};
   GradOutputs g = run_backward(p, ci, be, false);
   return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
           std::move(g.bias), std::move(g.init_state)};
@@ -355,38 +374,37 @@ LSTMGradients lstm_gradients(const LSTMGradientInputs& in, const LSTMDescriptor&
                              Device device) {
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, true);
-  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                       opt_data(in.bias), opt_data(in.init_state), opt_data(in.init_cell),
-                       &in.mask, opt_data(in.peephole), nullptr},
-                      in.source_gradient.data,
-                      in.z_state.data,
-                      nullptr,
-                      in.cell_output_fwd.data,
-                      opt_data(in.state_gradient),
-                      &in.cell_gradient};
+  CommonGradInputs ci{
+      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+       opt_data(in.init_state), opt_data(in.init_cell), &in.mask, opt_data(in.peephole), nullptr},
+      in.source_gradient.data,
+      in.z_state.data,
+      nullptr,
+      in.cell_output_fwd.data,
+      opt_data(in.state_gradient),
+      &in.cell_gradient};
   GradOutputs g = run_backward(p, ci, be, false);
-  return {std::move(g.source),     std::move(g.recurrent_weight), std::move(g.input_weight),
-          std::move(g.bias),       std::move(g.peephole),         std::move(g.init_state),
+  return {std::move(g.source),   std::move(g.recurrent_weight), std::move(g.input_weight),
+          std::move(g.bias),     std::move(g.peephole),         std::move(g.init_state),
           std::move(g.init_cell)};
 }
 
-GRUGradients gru_gradients(const GRUGradientInputs& in, const GRUDescriptor& desc,
-                           Device device) {
+GRUGradients gru_gradients(const GRUGradientInputs& in, const GRUDescriptor& desc, Device device) {
   const Problem p = validate(in, desc);
   Backend& be = backend_for(device, p, true);
   static const std::optional<TensorView> none;
-  CommonGradInputs ci{{&in.source, in.recurrent_weight.data, opt_data(in.input_weight),
-                       opt_data(in.bias), opt_data(in.init_state), nullptr, &in.mask, nullptr,
-                       opt_data(in.secondary_bias)},
-                      in.source_gradient.data,
-                      in.z_state.data,
-                      in.output_fwd.data,
-                      nullptr,
-                      opt_data(in.state_gradient),
-                      &none};
+  CommonGradInputs ci{
+      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+       opt_data(in.init_state), nullptr, &in.mask, nullptr, opt_data(in.secondary_bias)},
+      in.source_gradient.data,
+      in.z_state.data,
+      in.output_fwd.data,
+      nullptr,
+      opt_data(in.state_gradient),
+      &none};
   GradOutputs g = run_backward(p, ci, be, p.has_secondary_bias);
   return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
-          std::move(g.bias), std::move(g.init_state), std::move(g.secondary_bias)};
+          std::move(g.bias),   std::move(g.init_state),       std::move(g.secondary_bias)};
 }
 
 }  // namespace rnncore

@@ -23,9 +23,8 @@ struct Problem {
   int64_t G = 1;   // gate blocks: 1, 4 (LSTM), 3 (GRU)
   int64_t ZG = 1;  // blocks per direction in z_state: G, or 4 for a reset-after GRU
 
-  bool has_input_weight = false, has_bias = false, has_init_state = false,
-       has_init_cell = false, has_mask = false, has_peephole = false,
-       has_secondary_bias = false;
+  bool has_input_weight = false, has_bias = false, has_init_state = false, has_init_cell = false,
+       has_mask = false, has_peephole = false, has_secondary_bias = false;
 
   bool reverse = false;  // unidirectional only (ignored when D == 2)
   bool training = false;

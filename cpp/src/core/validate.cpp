@@ -25,8 +25,7 @@ void Checker::dtype(const char* name, const TensorView& v) {
   if (v.dtype != DType::Float32 && v.dtype != DType::Float64 && v.dtype != DType::Float16)
     type_error(std::string(name) + " has an unsupported dtype");
   if (v.data == nullptr && v.numel() > 0)
-    value_error(std::string(name) + " has shape " + shape_to_string(v.shape) +
-                " but no data");
+    value_error(std::string(name) + " has shape " + shape_to_string(v.shape) + " but no data");
   for (int64_t s : v.shape)
     if (s < 0) value_error(std::string(name) + " has a negative size " + shape_to_string(v.shape));
   if (!first_) {
@@ -46,8 +45,7 @@ void Checker::exact(const char* name, const TensorView& v, const Shape& expected
   value_error(m + " but has " + shape_to_string(v.shape));
 }
 
-void Checker::rank(const char* name, const TensorView& v, int64_t rank,
-                   const char* meaning) const {
+void Checker::rank(const char* name, const TensorView& v, int64_t rank, const char* meaning) const {
   if (v.rank() == rank) return;
   value_error(std::string(name) + " must have rank " + std::to_string(rank) + " " + meaning +
               " but has shape " + shape_to_string(v.shape));
@@ -74,12 +72,10 @@ void validate_common(Checker& c, Problem& p, const In& in, bool bidirectional) {
   if (p.D == 2) {
     if (rw.rank() != 3)
       c.value_error(std::string("recurrent_weight must have rank 3 (2, ") + g +
-                    "H, H) for a bidirectional layer but has shape " +
-                    shape_to_string(rw.shape));
+                    "H, H) for a bidirectional layer but has shape " + shape_to_string(rw.shape));
   } else if (rw.rank() != 2) {
     c.value_error(std::string("recurrent_weight must have rank 2 (") + g +
-                  "H, H) for a unidirectional layer but has shape " +
-                  shape_to_string(rw.shape));
+                  "H, H) for a unidirectional layer but has shape " + shape_to_string(rw.shape));
   }
   p.H = rw.shape.back();
   Shape rw_expected = {p.G * p.H, p.H};

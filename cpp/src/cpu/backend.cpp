@@ -15,8 +15,7 @@ namespace rnncore::cpu {
 namespace {
 
 template <class T>
-void project_impl(const Problem& p, const T* source, int64_t K, const T* W, const T* bias,
-                  T* xp) {
+void project_impl(const Problem& p, const T* source, int64_t K, const T* W, const T* bias, T* xp) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh();
   if (bias)
     for (int64_t r = 0; r < rows; ++r)
@@ -109,8 +108,7 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   const int slices = per_dir * static_cast<int>(p.D);
   std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
-  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0,
-                    T(0));
+  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0, T(0));
   // R packed once per direction for the per-step products.
   std::vector<T> packed[2], packed_o[2];
   if (!blas_path_forced())
@@ -129,7 +127,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   auto run = [&](int k) {
     const int d = k / per_dir, part = k % per_dir;
     const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
-    BackwardSlice<T> sl{n1 - n0, hm_all.data() + d * TNH + n0 * H,
+    BackwardSlice<T> sl{n1 - n0,
+                        hm_all.data() + d * TNH + n0 * H,
                         side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
                         dP.empty() ? nullptr : dP.data() + k * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
@@ -154,8 +153,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
 }
 
 template <class T>
-void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W,
-                          T* dsource, T* dW, T* dbias) {
+void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W, T* dsource,
+                          T* dW, T* dbias) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
   if (dsource && W)
     parallel_gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
@@ -226,10 +225,9 @@ class CpuBackend final : public detail::Backend {
                            static_cast<const float*>(W), static_cast<float*>(dsource),
                            static_cast<float*>(dW), static_cast<float*>(dbias));
     else
-      input_gradients_impl(p, static_cast<const double*>(dxp),
-                           static_cast<const double*>(source), static_cast<const double*>(W),
-                           static_cast<double*>(dsource), static_cast<double*>(dW),
-                           static_cast<double*>(dbias));
+      input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
+                           static_cast<const double*>(W), static_cast<double*>(dsource),
+                           static_cast<double*>(dW), static_cast<double*>(dbias));
   }
 };
 

@@ -46,25 +46,23 @@ void scale(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
 }  // namespace
 
 template <>
-void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                 float* C, int64_t ldc) {
+void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
-  RNNCORE_CBLAS(sgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                       tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N), blas_int(K),
-                       alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+  RNNCORE_CBLAS(sgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(M),
+   blas_int(N), blas_int(K), alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
 }
 
 template <>
-void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
-                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
-                  double* C, int64_t ldc) {
+void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
-  RNNCORE_CBLAS(dgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                       tb ? CblasTrans : CblasNoTrans, blas_int(M), blas_int(N), blas_int(K),
-                       alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+  RNNCORE_CBLAS(dgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(M),
+   blas_int(N), blas_int(K), alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
 }
 
 template <class T>
@@ -75,7 +73,8 @@ void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
   // split, so that each thread packs only its own share of the other operand.
   const bool by_rows = M >= N;
   const int64_t side = by_rows ? M : N;
-  const int64_t parts = std::min<int64_t>(pool.max_threads(), std::max<int64_t>(1, M * N * K >> 20));
+  const int64_t parts =
+      std::min<int64_t>(pool.max_threads(), std::max<int64_t>(1, M * N * K >> 20));
   const int team = static_cast<int>(std::min<int64_t>(parts, std::max<int64_t>(1, side / 16)));
   pool.run(team, [&](int tid, int used) {
     const int64_t i0 = side * tid / used, i1 = side * (tid + 1) / used;
@@ -83,8 +82,8 @@ void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
       gemm<T>(ta, tb, i1 - i0, N, K, alpha, ta ? A + i0 : A + i0 * lda, lda, B, ldb, beta,
               C + i0 * ldc, ldc);
     else
-      gemm<T>(ta, tb, M, i1 - i0, K, alpha, A, lda, tb ? B + i0 * ldb : B + i0, ldb, beta,
-              C + i0, ldc);
+      gemm<T>(ta, tb, M, i1 - i0, K, alpha, A, lda, tb ? B + i0 * ldb : B + i0, ldb, beta, C + i0,
+              ldc);
   });
 }
 

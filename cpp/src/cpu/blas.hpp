@@ -15,8 +15,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 // gemm with the rows of C split over the thread pool, each part a single-threaded BLAS
 // call: BLAS's own threads would fight the pool's (and spin on the cores it needs).
 template <class T>
-void parallel_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
-                   const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+void parallel_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                   int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
 // Makes the BLAS single-threaded where the library is rnncore's own copy (the
 // scipy-openblas32 wheel); a system BLAS shared with the application is left alone.

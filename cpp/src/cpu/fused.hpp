@@ -25,8 +25,8 @@ struct FusedOps {
   // panels of K*width elements.
   void (*pack_columns)(const T* B, int64_t K, int64_t n, T* out);
   // C[M, n] = A[M, K] B (or += when accumulate), B packed by pack_columns.
-  void (*matmul)(const T* A, int64_t lda, int64_t M, int64_t K, const T* packed, int64_t n,
-                 T* C, int64_t ldc, bool accumulate);
+  void (*matmul)(const T* A, int64_t lda, int64_t M, int64_t K, const T* packed, int64_t n, T* C,
+                 int64_t ldc, bool accumulate);
 };
 
 struct FusedKernels {

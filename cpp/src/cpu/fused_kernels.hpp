@@ -44,16 +44,15 @@ struct Fused {  // S: the scalar type
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
   template <int G, int M>
-  static void tile(const S* A, int64_t lda, int64_t K, const S* Bp, S* out,
-                   bool accumulate) {
+  static void tile(const S* A, int64_t lda, int64_t K, const S* Bp, S* out, bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     const vec zero = {};
     vec acc[U][M][G];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < M; ++r)
         for (int g = 0; g < G; ++g)
-          acc[u][r][g] = u == 0 && accumulate ? *reinterpret_cast<const vec*>(out + (r * G + g) * W)
-                                              : zero;
+          acc[u][r][g] =
+              u == 0 && accumulate ? *reinterpret_cast<const vec*>(out + (r * G + g) * W) : zero;
     int64_t k = 0;
     for (; k + U <= K; k += U)
       for (int u = 0; u < U; ++u) {
@@ -68,7 +67,8 @@ struct Fused {  // S: the scalar type
     for (; k < K; ++k)
       for (int r = 0; r < M; ++r) {
         const S a = A[r * lda + k];
-        for (int g = 0; g < G; ++g) acc[0][r][g] += a * *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
+        for (int g = 0; g < G; ++g)
+          acc[0][r][g] += a * *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
       }
     for (int r = 0; r < M; ++r)
       for (int g = 0; g < G; ++g) {
@@ -79,8 +79,8 @@ struct Fused {  // S: the scalar type
   }
 
   template <int G, int M = rows<G>()>
-  static void tile_rows(int m, const S* A, int64_t lda, int64_t K, const S* Bp,
-                        S* out, bool accumulate) {
+  static void tile_rows(int m, const S* A, int64_t lda, int64_t K, const S* Bp, S* out,
+                        bool accumulate) {
     if constexpr (M > 1) {
       if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out, accumulate);
     }
@@ -91,16 +91,14 @@ struct Fused {  // S: the scalar type
   // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
   // passes over it; without the blocking each row tile streams the whole panel from L2.
   template <int G>
-  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K,
-                            const S* panel, S* out) {
+  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const S* panel, S* out) {
     constexpr int M = rows<G>();
     constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(S))));
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - k0);
       for (int64_t n0 = 0; n0 < N; n0 += M) {
         const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
-        tile_rows<G>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W,
-                     k0 > 0);
+        tile_rows<G>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W, k0 > 0);
       }
     }
   }
@@ -129,8 +127,7 @@ struct Fused {  // S: the scalar type
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
   template <int G>
-  static void pack(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
-                   S* Bp) {
+  static void pack(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1, S* Bp) {
     for (int64_t b = b0; b < b1; ++b) {
       S* panel = Bp + b * H * G * W;
       for (int g = 0; g < G; ++g)
@@ -198,8 +195,7 @@ struct Fused {  // S: the scalar type
 
   // The state entering step s (unmasked), and the product's left operand h̃.
   static Rows prev_state(const Problem& p, const Dir& a, const Buffers& bf, int64_t s) {
-    if (s == 0)
-      return a.h0 ? Rows{static_cast<const S*>(a.h0), a.h0_ld} : Rows{bf.zeros, p.H};
+    if (s == 0) return a.h0 ? Rows{static_cast<const S*>(a.h0), a.h0_ld} : Rows{bf.zeros, p.H};
     const int64_t t = a.flip_out ? p.T - s : s - 1;
     return {static_cast<const S*>(a.y) + t * p.N * a.y_ld, a.y_ld};
   }
@@ -208,8 +204,8 @@ struct Fused {  // S: the scalar type
   }
 
   // Stores h for units [u0, u0 + wv) of row n, and h ⊙ m for the next step.
-  static void store_h(const Dir& a, const Buffers& bf, S* y, int64_t n, int64_t u0,
-                      int64_t wv, const S* h, int64_t s, int64_t H) {
+  static void store_h(const Dir& a, const Buffers& bf, S* y, int64_t n, int64_t u0, int64_t wv,
+                      const S* h, int64_t s, int64_t H) {
     std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * sizeof(S));
     if (a.mask) {
       const S* m = static_cast<const S*>(a.mask) + n * a.mask_ld + u0;
@@ -219,13 +215,10 @@ struct Fused {  // S: the scalar type
   }
 
   static int64_t time_in(const Dir& a, int64_t s, int64_t T) { return a.flip_in ? T - 1 - s : s; }
-  static int64_t time_out(const Dir& a, int64_t s, int64_t T) {
-    return a.flip_out ? T - 1 - s : s;
-  }
+  static int64_t time_out(const Dir& a, int64_t s, int64_t T) { return a.flip_out ? T - 1 - s : s; }
 
   // ---- single-gate RNN ----------------------------------------------------------------
-  static void rnn(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                  int team) {
+  static void rnn(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
     constexpr int G = 1;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
@@ -257,8 +250,7 @@ struct Fused {  // S: the scalar type
   }
 
   // ---- LSTM -------------------------------------------------------------------------
-  static void lstm(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                   int team) {
+  static void lstm(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
     constexpr int G = 4;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
@@ -278,8 +270,8 @@ struct Fused {  // S: the scalar type
       const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
       S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
       S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
-      const Rows c = a.c ? Rows{static_cast<S*>(a.c) + tout * N * a.c_ld, a.c_ld}
-                         : Rows{bf.extra[s & 1], H};
+      const Rows c =
+          a.c ? Rows{static_cast<S*>(a.c) + tout * N * a.c_ld, a.c_ld} : Rows{bf.extra[s & 1], H};
       for (int64_t b = sp.b0; b < sp.b1; ++b) {
         const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
         block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
@@ -296,7 +288,8 @@ struct Fused {  // S: the scalar type
               for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
           if (z)
             for (int g = 0; g < G; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
+                          static_cast<size_t>(L) * sizeof(S));
           for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
           S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
           for (int w = 0; w < W; ++w) phi[w] = S(0);
@@ -319,8 +312,7 @@ struct Fused {  // S: the scalar type
   }
 
   // ---- GRU ----------------------------------------------------------------------------
-  static void gru(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                  int team) {
+  static void gru(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
     if (p.reset_after)
       gru_after(p, a, ws, barrier, tid, team);
     else
@@ -334,8 +326,8 @@ struct Fused {  // S: the scalar type
       for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (S(1) - zg[w]) * o[w];
   }
 
-  static void gru_after(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier,
-                        int tid, int team) {
+  static void gru_after(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
+                        int team) {
     constexpr int G = 3;
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
@@ -384,8 +376,8 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  static void gru_before(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier,
-                         int tid, int team) {
+  static void gru_before(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
+                         int team) {
     const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
     const Split sp = split(nb, tid, team);
@@ -419,7 +411,8 @@ struct Fused {  // S: the scalar type
             for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
           if (z)
             for (int g = 0; g < 2; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(wv) * sizeof(S));
+              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
+                          static_cast<size_t>(wv) * sizeof(S));
           act(act_z, v + zo * W);
           act(act_r, v + ro * W);
           std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * sizeof(S));
@@ -456,8 +449,8 @@ struct Fused {  // S: the scalar type
         }
   }
 
-  static void matmul(const S* A, int64_t lda, int64_t M, int64_t K, const S* packed,
-                     int64_t n, S* C, int64_t ldc, bool accumulate) {
+  static void matmul(const S* A, int64_t lda, int64_t M, int64_t K, const S* packed, int64_t n,
+                     S* C, int64_t ldc, bool accumulate) {
     std::vector<S> blk(static_cast<size_t>(M * W));
     const int64_t nb = (n + W - 1) / W;
     for (int64_t b = 0; b < nb; ++b) {

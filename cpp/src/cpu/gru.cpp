@@ -17,8 +17,7 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
   const T* Ro = R + 2 * H * H;  // the candidate block is last in both gate orders
   const T* b2 = static_cast<const T*>(a.b2);
   const int64_t zo = p.gru_z * H, ro = p.gru_r * H, oo = 2 * H;
-  const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r],
-                   act_o = p.gate_act[2];
+  const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r], act_o = p.gate_act[2];
   for (int64_t s = 0; s < T_; ++s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* x = static_cast<const T*>(a.xp) + tin * N * a.xp_ld;
@@ -92,9 +91,9 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
   T* rbuf = ws.take(N * H);    // r, kept for the second pass of reset-before
   T* drbuf = ws.take(N * H);   // σ_r'(a_r)
   T* du = ws.take(N * H);
-  T* hm_all = sl.hm_all;  // h̃ at input time, for dR
-  T* side = sl.side;      // u = r ⊙ h̃ (reset-before) or δq (reset-after)
-  T* dg = ws.take(N * G3);          // reset-after: [δa_z, δa_r, δq] in block order
+  T* hm_all = sl.hm_all;    // h̃ at input time, for dR
+  T* side = sl.side;        // u = r ⊙ h̃ (reset-before) or δq (reset-after)
+  T* dg = ws.take(N * G3);  // reset-after: [δa_z, δa_r, δq] in block order
   T* zg = ws.take(H);
   T* dzg = ws.take(H);
   T* og = ws.take(H);
@@ -102,15 +101,14 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
   T* ao = ws.take(H);
   const T* R = static_cast<const T*>(a.R);
   const int64_t zo = p.gru_z * H, ro = p.gru_r * H, oo = 2 * H;
-  const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r],
-                   act_o = p.gate_act[2];
+  const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r], act_o = p.gate_act[2];
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
     const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
-    const Rows<const T> hp = previous_fwd<T>(a.h0, a.h0_ld, a.h_fwd, a.h_fwd_ld, s, T_, TS,
-                                             a.flip_out, zeros, H);
+    const Rows<const T> hp =
+        previous_fwd<T>(a.h0, a.h0_ld, a.h_fwd, a.h_fwd_ld, s, T_, TS, a.flip_out, zeros, H);
     T* hm = hm_all + tin * TS * H;
     store_masked(a, hp, N, H, hm);
     T* sd = side + tin * TS * H;
@@ -206,12 +204,12 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
 }
 
 template void gru_backward<float>(const Problem&, const DirectionBackward&,
-                                 const BackwardSlice<float>&);
+                                  const BackwardSlice<float>&);
 template void gru_backward<double>(const Problem&, const DirectionBackward&,
-                                  const BackwardSlice<double>&);
+                                   const BackwardSlice<double>&);
 template void gru_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
                                          const float*);
-template void gru_backward_reduce<double>(const Problem&, const DirectionBackward&,
-                                          const double*, const double*);
+template void gru_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
+                                          const double*);
 
 }  // namespace rnncore::cpu

@@ -16,15 +16,15 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
   T* cbuf[2] = {ws.take(N * H), ws.take(N * H)};
   const T* R = static_cast<const T*>(a.R);
   const T* P = static_cast<const T*>(a.peephole);
-  Rows<const T> cprev = a.c0 ? Rows<const T>{static_cast<const T*>(a.c0), a.c0_ld}
-                             : Rows<const T>{zeros, H};
+  Rows<const T> cprev =
+      a.c0 ? Rows<const T>{static_cast<const T*>(a.c0), a.c0_ld} : Rows<const T>{zeros, H};
   for (int64_t s = 0; s < T_; ++s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* x = static_cast<const T*>(a.xp) + tin * N * a.xp_ld;
     T* y = static_cast<T*>(a.y) + tout * N * a.y_ld;
     T* z = a.z ? static_cast<T*>(a.z) + tout * N * a.z_ld : nullptr;
-    Rows<T> c = a.c ? Rows<T>{static_cast<T*>(a.c) + tout * N * a.c_ld, a.c_ld}
-                    : Rows<T>{cbuf[s & 1], H};
+    Rows<T> c =
+        a.c ? Rows<T>{static_cast<T*>(a.c) + tout * N * a.c_ld, a.c_ld} : Rows<T>{cbuf[s & 1], H};
     recurrent_product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, H, R, G4, acc,
                       G4);
     for (int64_t n = 0; n < N; ++n) {
@@ -86,8 +86,8 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
     const T* c = static_cast<const T*>(a.c_fwd) + tout * TS * a.c_fwd_ld;
-    const Rows<const T> cp = previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS,
-                                             a.flip_out, zeros, H);
+    const Rows<const T> cp =
+        previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS, a.flip_out, zeros, H);
     const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
     const T* dcs =
@@ -143,19 +143,18 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
 }
 
 template <class T>
-void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
-                          const T*) {
+void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
   parallel_gemm<T>(true, false, 4 * p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp),
                    a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
 template void lstm_backward<float>(const Problem&, const DirectionBackward&,
-                                 const BackwardSlice<float>&);
+                                   const BackwardSlice<float>&);
 template void lstm_backward<double>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<double>&);
+                                    const BackwardSlice<double>&);
 template void lstm_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
                                           const float*);
-template void lstm_backward_reduce<double>(const Problem&, const DirectionBackward&,
-                                           const double*, const double*);
+template void lstm_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
+                                           const double*);
 
 }  // namespace rnncore::cpu

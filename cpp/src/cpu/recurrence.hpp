@@ -43,8 +43,8 @@ struct Scratch {
 // The state entering step s: the initial state (or zeros) at s = 0, else the previous
 // step's output row block.
 template <class T>
-Rows<const T> previous(const DirectionForward& a, int64_t s, int64_t T_, int64_t N,
-                       const T* zeros, int64_t H) {
+Rows<const T> previous(const DirectionForward& a, int64_t s, int64_t T_, int64_t N, const T* zeros,
+                       int64_t H) {
   if (s == 0)
     return a.h0 ? Rows<const T>{static_cast<const T*>(a.h0), a.h0_ld} : Rows<const T>{zeros, H};
   const int64_t t = step_time(s - 1, T_, a.flip_out);
@@ -78,8 +78,7 @@ template <class T>
 Rows<const T> previous_fwd(const void* h0, int64_t h0_ld, const void* fwd, int64_t fwd_ld,
                            int64_t s, int64_t T_, int64_t N, bool flip_out, const T* zeros,
                            int64_t H) {
-  if (s == 0)
-    return h0 ? Rows<const T>{static_cast<const T*>(h0), h0_ld} : Rows<const T>{zeros, H};
+  if (s == 0) return h0 ? Rows<const T>{static_cast<const T*>(h0), h0_ld} : Rows<const T>{zeros, H};
   const int64_t t = step_time(s - 1, T_, flip_out);
   return {static_cast<const T*>(fwd) + t * N * fwd_ld, fwd_ld};
 }
@@ -145,8 +144,7 @@ struct BackwardSlice {
 template <class T>
 void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
                   int64_t n, T* C, int64_t ldc, bool accumulate) {
-  if (packed)
-    return fused_kernels().ops<T>().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
+  if (packed) return fused_kernels().ops<T>().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 

@@ -17,8 +17,7 @@ void rnn_forward(const Problem& p, const DirectionForward& a) {
     const T* x = static_cast<const T*>(a.xp) + tin * N * a.xp_ld;
     T* y = static_cast<T*>(a.y) + tout * N * a.y_ld;
     T* z = a.z ? static_cast<T*>(a.z) + tout * N * a.z_ld : nullptr;
-    recurrent_product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, H, R, H, acc,
-                      H);
+    recurrent_product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, H, R, H, acc, H);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * H;
       const T* xr = x + n * a.xp_ld;
@@ -83,19 +82,18 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
 }
 
 template <class T>
-void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
-                         const T*) {
-  parallel_gemm<T>(true, false, p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp),
-                   a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
+void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
+  parallel_gemm<T>(true, false, p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp), a.dxp_ld,
+                   hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
 template void rnn_backward<float>(const Problem&, const DirectionBackward&,
-                                 const BackwardSlice<float>&);
+                                  const BackwardSlice<float>&);
 template void rnn_backward<double>(const Problem&, const DirectionBackward&,
-                                  const BackwardSlice<double>&);
+                                   const BackwardSlice<double>&);
 template void rnn_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
                                          const float*);
-template void rnn_backward_reduce<double>(const Problem&, const DirectionBackward&,
-                                          const double*, const double*);
+template void rnn_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
+                                          const double*);
 
 }  // namespace rnncore::cpu

@@ -3,7 +3,8 @@
 // One binary for every x86-64: GCC clones the loops for AVX2+FMA and AVX-512 and picks
 // one when the library loads. Elsewhere the baseline ISA (NEON on arm64) is used.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define RNNCORE_CLONES __attribute__((target_clones("default", "arch=haswell", "arch=skylake-avx512")))
+#define RNNCORE_CLONES \
+  __attribute__((target_clones("default", "arch=haswell", "arch=skylake-avx512")))
 #else
 #define RNNCORE_CLONES
 #endif

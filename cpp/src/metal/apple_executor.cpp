@@ -4,12 +4,11 @@
 #define MTL_PRIVATE_IMPLEMENTATION
 // Keeps metal-cpp's tables out of the symbols exported by _core.so and consumers' binaries.
 #define METALCPP_SYMBOL_VISIBILITY_HIDDEN
-#include <Foundation/Foundation.hpp>
-#include <Metal/Metal.hpp>
-
 #include <dispatch/dispatch.h>
 #include <unistd.h>
 
+#include <Foundation/Foundation.hpp>
+#include <Metal/Metal.hpp>
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -73,8 +72,8 @@ NS::SharedPtr<MTL::Library> load_library(MTL::Device* device) {
   } else {
     // DESTRUCTOR_DEFAULT copies the bytes, so no block is needed to keep them alive.
     dispatch_data_t data =
-        dispatch_data_create(rnncore_metallib, static_cast<size_t>(rnncore_metallib_size),
-                             nullptr, DISPATCH_DATA_DESTRUCTOR_DEFAULT);
+        dispatch_data_create(rnncore_metallib, static_cast<size_t>(rnncore_metallib_size), nullptr,
+                             DISPATCH_DATA_DESTRUCTOR_DEFAULT);
     library = device->newLibrary(data, &error);
     dispatch_release(data);
   }
@@ -139,8 +138,8 @@ class AppleExecutor final : public Executor {
     for (int i = 0; i < kBufferCount; ++i) {
       const int64_t size = plan.sizes[i];
       if (size > 0)
-        bound[i] = bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), arrays[i],
-                        plan.writes[i]);
+        bound[i] =
+            bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), arrays[i], plan.writes[i]);
     }
     std::vector<MTL::ComputePipelineState*> pipelines;
     pipelines.reserve(plan.dispatches.size());
@@ -168,9 +167,8 @@ class AppleExecutor final : public Executor {
       for (const BytesArg& a : d.bytes) encoder->setBytes(a.data.data(), a.data.size(), a.index);
       if (d.threadgroup_memory > 0)
         encoder->setThreadgroupMemoryLength(threadgroup_length(d.threadgroup_memory), 0);
-      encoder->dispatchThreadgroups(
-          MTL::Size(d.threadgroups.x, d.threadgroups.y, d.threadgroups.z),
-          MTL::Size(d.threads.x, d.threads.y, d.threads.z));
+      encoder->dispatchThreadgroups(MTL::Size(d.threadgroups.x, d.threadgroups.y, d.threadgroups.z),
+                                    MTL::Size(d.threads.x, d.threads.y, d.threads.z));
     }
     encoder->endEncoding();
     commands->commit();
@@ -276,10 +274,9 @@ class AppleExecutor final : public Executor {
     auto function =
         NS::TransferPtr(library_->newFunction(ns_string(d.kernel), constants.get(), &error));
     if (!function)
-      throw DeviceError("[metal] kernel '" + d.kernel + "' could not be specialised: " +
-                        describe(error));
-    MTL::ComputePipelineState* pipeline =
-        device_->newComputePipelineState(function.get(), &error);
+      throw DeviceError("[metal] kernel '" + d.kernel +
+                        "' could not be specialised: " + describe(error));
+    MTL::ComputePipelineState* pipeline = device_->newComputePipelineState(function.get(), &error);
     if (!pipeline)
       throw DeviceError("[metal] could not build the pipeline for kernel '" + d.kernel +
                         "': " + describe(error));
@@ -291,10 +288,9 @@ class AppleExecutor final : public Executor {
   void check_dispatch(const Dispatch& d, MTL::ComputePipelineState* pipeline) const {
     const uint64_t max_threads = pipeline->maxTotalThreadsPerThreadgroup();
     if (d.threads.volume() > max_threads)
-      throw DeviceError("[metal] kernel '" + d.kernel + "' needs " +
-                        std::to_string(d.threads.volume()) +
-                        " threads per threadgroup but this GPU allows " +
-                        std::to_string(max_threads));
+      throw DeviceError(
+          "[metal] kernel '" + d.kernel + "' needs " + std::to_string(d.threads.volume()) +
+          " threads per threadgroup but this GPU allows " + std::to_string(max_threads));
     const uint64_t memory =
         threadgroup_length(d.threadgroup_memory) + pipeline->staticThreadgroupMemoryLength();
     if (memory > max_threadgroup_memory_)

@@ -91,7 +91,8 @@ class MetalBackend final : public detail::Backend {
   }
 
   [[noreturn]] void unreachable() const {
-    throw Error(std::string("[") + name() + "] internal error: step-by-step call on a whole-op backend");
+    throw Error(std::string("[") + name() +
+                "] internal error: step-by-step call on a whole-op backend");
   }
   Executor& executor_;
 };

@@ -7,8 +7,9 @@ namespace rnncore::detail {
 bool emulator_available() { return false; }
 
 Backend& emulated_backend() {
-  throw DeviceError("[device] 'metal-emulated' is not available: this build of rnncore has no "
-                    "host emulator (configure with -DRNNCORE_METAL_EMULATOR=ON)");
+  throw DeviceError(
+      "[device] 'metal-emulated' is not available: this build of rnncore has no "
+      "host emulator (configure with -DRNNCORE_METAL_EMULATOR=ON)");
 }
 
 }  // namespace rnncore::detail

@@ -96,8 +96,8 @@ void append_gate_constants(const Problem& p, std::vector<FunctionConstant>& c) {
   using B = FunctionConstant::Type;
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
   for (int g = 0; g < 4; ++g)
-    c.push_back({uint32_t(k::FC_ACT_0 + g), B::Int,
-                 g < p.G ? static_cast<int32_t>(p.gate_act[g]) : 0});
+    c.push_back(
+        {uint32_t(k::FC_ACT_0 + g), B::Int, g < p.G ? static_cast<int32_t>(p.gate_act[g]) : 0});
   c.push_back({k::FC_CELL_ACT, B::Int, static_cast<int32_t>(p.cell_act)});
   c.push_back({k::FC_GATE_A, B::Int, int32_t(lstm ? p.lstm_i : gru ? p.gru_z : 0)});
   c.push_back({k::FC_GATE_B, B::Int, int32_t(lstm ? p.lstm_f : gru ? p.gru_r : 0)});
@@ -220,10 +220,9 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
     k::GemmParams g{};
     g.M = int32_t(T * N), g.N = int32_t(DGH), g.K = int32_t(K);
     g.a_rs = int32_t(K), g.a_cs = 1, g.b_rs = 1, g.b_cs = int32_t(K), g.ldc = int32_t(DGH);
-    plan.dispatches.push_back(gemm(plan, {Buffer::Source, 0},
-                                   p.has_input_weight ? Operand{Buffer::InputWeight, 0} : Operand{},
-                                   p.has_bias ? Operand{Buffer::Bias, 0} : Operand{},
-                                   {Buffer::Projected, 0}, g, 1));
+    plan.dispatches.push_back(gemm(
+        plan, {Buffer::Source, 0}, p.has_input_weight ? Operand{Buffer::InputWeight, 0} : Operand{},
+        p.has_bias ? Operand{Buffer::Bias, 0} : Operand{}, {Buffer::Projected, 0}, g, 1));
   }
 
   // Everything but the step number is the same for every step.
@@ -285,7 +284,8 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
 void check_limits(const Plan& plan) {
   for (size_t i = 0; i < plan.dispatches.size(); ++i) {
     const Dispatch& d = plan.dispatches[i];
-    const std::string where = "[metal plan] dispatch " + std::to_string(i) + " (" + d.kernel + "): ";
+    const std::string where =
+        "[metal plan] dispatch " + std::to_string(i) + " (" + d.kernel + "): ";
     if (d.threadgroup_memory > Limits::max_threadgroup_memory)
       throw Error(where + "threadgroup memory " + std::to_string(d.threadgroup_memory) +
                   " bytes exceeds " + std::to_string(Limits::max_threadgroup_memory));
@@ -293,8 +293,7 @@ void check_limits(const Plan& plan) {
     if (threads == 0 || threads > Limits::max_threads_per_threadgroup)
       throw Error(where + std::to_string(threads) + " threads per threadgroup (1.." +
                   std::to_string(Limits::max_threads_per_threadgroup) + " allowed)");
-    if (d.threadgroups.volume() == 0 ||
-        d.threadgroups.x > std::numeric_limits<uint32_t>::max() ||
+    if (d.threadgroups.volume() == 0 || d.threadgroups.x > std::numeric_limits<uint32_t>::max() ||
         d.threadgroups.y > std::numeric_limits<uint32_t>::max() ||
         d.threadgroups.z > std::numeric_limits<uint32_t>::max())
       throw Error(where + "grid of " + std::to_string(d.threadgroups.x) + " x " +
@@ -324,8 +323,8 @@ void check_limits(const Plan& plan) {
 namespace rnncore::metal {
 
 Plan plan_gradients(const Problem& p, const GradientShape& gs) {
-  const int64_t T = p.T, N = p.N, H = p.H, D = p.D, G = p.G, GH = G * H, DH = D * H,
-                DGH = D * GH, TN = T * N;
+  const int64_t T = p.T, N = p.N, H = p.H, D = p.D, G = p.G, GH = G * H, DH = D * H, DGH = D * GH,
+                TN = T * N;
   const bool W = p.has_input_weight;
   const int64_t K = W ? p.I : DGH;
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
@@ -499,9 +498,8 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(H), c.lda = int32_t(DGH), c.s_mod = 1;
     c.a_zs = int32_t(GH), c.out_zs = int32_t(H);
-    plan.dispatches.push_back(
-        column_sums(plan, p.dtype, {Buffer::RDelta, 2 * H}, {}, {Buffer::DSecondaryBias, 0}, c,
-                    uint64_t(D)));
+    plan.dispatches.push_back(column_sums(plan, p.dtype, {Buffer::RDelta, 2 * H}, {},
+                                          {Buffer::DSecondaryBias, 0}, c, uint64_t(D)));
   }
   if (peephole) {  // dP[g, u] = sum over steps and rows of da_g[u] * c_prev[u]
     k::ColumnSumParams c{};

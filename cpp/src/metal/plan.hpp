@@ -25,15 +25,15 @@ enum class Buffer : uint8_t {
   Mask,
   Peephole,
   SecondaryBias,
-  State,   // forward outputs
-  Cell,    // LSTM cell output
-  ZState,  // training state (written by the forward, read by the gradients)
+  State,           // forward outputs
+  Cell,            // LSTM cell output
+  ZState,          // training state (written by the forward, read by the gradients)
   StateFwd,        // gradient inputs: GRU output_fwd
   CellFwd,         // LSTM cell_output_fwd
   SourceGradient,  // dL/dstate
   StateGradient,
-  CellGradient,    // [N, D*H] or [T, N, D*H]
-  DSource,  // gradient outputs
+  CellGradient,  // [N, D*H] or [T, N, D*H]
+  DSource,       // gradient outputs
   DInputWeight,
   DRecurrentWeight,
   DBias,
@@ -121,21 +121,21 @@ struct MaskShape {
   int64_t rows = 1, cols = 1;
 };
 
-// The dispatches of a forward op (float32, or float16 storage). Throws rnncore::ValueError naming the op for
-// shapes the kernels do not support (indices beyond 32 bits).
+// The dispatches of a forward op (float32, or float16 storage). Throws rnncore::ValueError naming
+// the op for shapes the kernels do not support (indices beyond 32 bits).
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
 
 // Which gradient inputs and outputs a gradient call has (beyond what Problem says).
 struct GradientShape {
   MaskShape mask;
-  bool dh_final = false;   // state_gradient
-  bool dc_final = false;   // LSTM cell_gradient [N, D*H]
-  bool dc_steps = false;   // LSTM cell_gradient [T, N, D*H]
-  bool want_db2 = false;   // GRU reset-after with a secondary bias
+  bool dh_final = false;  // state_gradient
+  bool dc_final = false;  // LSTM cell_gradient [N, D*H]
+  bool dc_steps = false;  // LSTM cell_gradient [T, N, D*H]
+  bool want_db2 = false;  // GRU reset-after with a secondary bias
 };
 
-// The dispatches of a gradient op (float32, or float16 storage): R^T, the gradient steps from T-1 down to 0
-// (two dispatches per step for a reset-before GRU) and one for the initial-state
+// The dispatches of a gradient op (float32, or float16 storage): R^T, the gradient steps from T-1
+// down to 0 (two dispatches per step for a reset-before GRU) and one for the initial-state
 // gradients, then dR, dsource, dW as GEMMs and the bias, secondary-bias and peephole
 // gradients as column sums.
 Plan plan_gradients(const detail::Problem& p, const GradientShape& g);

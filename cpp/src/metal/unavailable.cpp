@@ -7,8 +7,9 @@ namespace rnncore::detail {
 bool metal_available() { return false; }
 
 Backend& metal_backend() {
-  throw DeviceError("[device] 'metal' is not available: this build of rnncore has no Metal "
-                    "backend (it is built on macOS with Apple silicon only)");
+  throw DeviceError(
+      "[device] 'metal' is not available: this build of rnncore has no Metal "
+      "backend (it is built on macOS with Apple silicon only)");
 }
 
 }  // namespace rnncore::detail

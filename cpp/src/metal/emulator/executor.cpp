@@ -5,6 +5,8 @@
 //
 // RNNCORE_EMULATOR_SCHEDULE=shuffle[:seed] runs the threads of each threadgroup in a random
 // order each round (default: in order); results must not depend on it.
+#include "metal/executor.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +18,6 @@
 
 #include "cpu/thread_pool.hpp"
 #include "metal/emulator/registry.hpp"
-#include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 
 namespace rnncore::metal::emu {
@@ -41,8 +42,10 @@ Schedule schedule_from_env() {
   if (!env || !*env || std::string(env) == "ordered") return s;
   const std::string v(env);
   if (v.rfind("shuffle", 0) != 0)
-    throw ValueError("[metal-emulated] RNNCORE_EMULATOR_SCHEDULE must be 'ordered' or "
-                     "'shuffle[:seed]', not '" + v + "'");
+    throw ValueError(
+        "[metal-emulated] RNNCORE_EMULATOR_SCHEDULE must be 'ordered' or "
+        "'shuffle[:seed]', not '" +
+        v + "'");
   s.shuffle = true;
   if (v.size() > 8 && v[7] == ':') s.seed = std::strtoull(v.c_str() + 8, nullptr, 10);
   return s;
@@ -115,7 +118,8 @@ class EmulatorExecutor final : public Executor {
         KernelArgs mine = args;
         mine.threadgroup_memory = d.threadgroup_memory ? tg_memory.data() : nullptr;
         GroupContext ctx{adapter, &mine};
-        for (uint64_t g = static_cast<uint64_t>(tid); g < groups; g += static_cast<uint64_t>(team)) {
+        for (uint64_t g = static_cast<uint64_t>(tid); g < groups;
+             g += static_cast<uint64_t>(team)) {
           poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
           const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
                          uint32_t(g / (grid.x * grid.y))};
@@ -134,7 +138,8 @@ uint16_t float_to_half_bits(float f) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t mant = x & 0x7fffffu;
   const int32_t exp = static_cast<int32_t>((x >> 23) & 0xffu);
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  if (exp == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
   const int32_t e = exp - 127 + 15;
   if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: infinity
   uint32_t h, rem, halfway;
@@ -196,8 +201,7 @@ bool register_kernel(const char* name, KernelAdapter adapter) {
 
 KernelAdapter find_kernel(const std::string& name) {
   const auto it = kernels().find(name);
-  if (it == kernels().end())
-    throw DeviceError("[metal-emulated] no kernel named '" + name + "'");
+  if (it == kernels().end()) throw DeviceError("[metal-emulated] no kernel named '" + name + "'");
   return it->second;
 }
 

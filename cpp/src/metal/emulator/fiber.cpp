@@ -124,8 +124,8 @@ void Fiber::start(Entry entry, void* arg) {
 #else
   auto* f = reinterpret_cast<uint64_t*>(top - 176);
   for (int i = 0; i < 22; ++i) f[i] = 0;
-  f[0] = reinterpret_cast<uint64_t>(arg);    // x19
-  f[1] = reinterpret_cast<uint64_t>(entry);  // x20
+  f[0] = reinterpret_cast<uint64_t>(arg);                       // x19
+  f[1] = reinterpret_cast<uint64_t>(entry);                     // x20
   f[11] = reinterpret_cast<uint64_t>(&rnncore_emu_trampoline);  // x30
 #endif
   impl_->sp = f;
@@ -150,8 +150,8 @@ void Fiber::start(Entry entry, void* arg) {
   impl_->ctx.uc_stack.ss_size = impl_->map_bytes - impl_->page;
   impl_->ctx.uc_link = nullptr;
   const auto p = reinterpret_cast<uintptr_t>(impl_.get());
-  makecontext(&impl_->ctx, reinterpret_cast<void (*)()>(&ucontext_entry), 2,
-              unsigned(p >> 32), unsigned(p & 0xffffffffu));
+  makecontext(&impl_->ctx, reinterpret_cast<void (*)()>(&ucontext_entry), 2, unsigned(p >> 32),
+              unsigned(p & 0xffffffffu));
 }
 
 void Fiber::switch_to(Fiber& from, Fiber& to) { swapcontext(&from.impl_->ctx, &to.impl_->ctx); }

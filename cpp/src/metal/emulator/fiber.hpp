@@ -23,7 +23,7 @@ class Fiber {
   // A fiber object for the thread that drives the others (no stack of its own).
   static std::unique_ptr<Fiber> for_current_thread();
 
- struct Impl;
+  struct Impl;
 
  private:
   Fiber() = default;

@@ -119,9 +119,9 @@ void backward_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
   const auto work = [&](int i) { return static_cast<float*>(a.buffers[i]); };
   kernel(in(BB_RT), in(BB_Z), in(BB_HFWD), in(BB_CFWD), in(BB_H0), in(BB_C0), in(BB_MASK),
          in(BB_PEEPHOLE), in(BB_DY), in(BB_DH_FINAL), in(BB_DC_FINAL), in(BB_DC_STEPS),
-         work(BB_DXP), work(BB_RDELTA), work(BB_HTILDE), work(BB_U), work(BB_CARRY),
-         work(BB_CPREV), out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]),
-         id.tgid, id.sg, id.lane);
+         work(BB_DXP), work(BB_RDELTA), work(BB_HTILDE), work(BB_U), work(BB_CARRY), work(BB_CPREV),
+         out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]), id.tgid,
+         id.sg, id.lane);
 }
 
 }  // namespace rnncore::metal::emu
@@ -131,4 +131,3 @@ using rnncore::metal::emu::column_sums_adapter;
 using rnncore::metal::emu::gemm_adapter;
 using rnncore::metal::emu::step_adapter;
 using rnncore::metal::emu::transpose_adapter;
-

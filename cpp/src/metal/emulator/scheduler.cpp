@@ -133,7 +133,8 @@ void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3
   std::iota(order_.begin(), order_.end(), 0u);
   // splitmix64, seeded per threadgroup so the order does not depend on which OS thread
   // runs the group.
-  uint64_t state = schedule.seed ^ (tgid.x + 0x9E3779B97F4A7C15ull * (tgid.y + 0x10001ull * tgid.z));
+  uint64_t state =
+      schedule.seed ^ (tgid.x + 0x9E3779B97F4A7C15ull * (tgid.y + 0x10001ull * tgid.z));
   const auto next_random = [&state] {
     uint64_t z = (state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -163,7 +164,8 @@ void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3
     if (done) return;
     if (release_simd() || release_barrier()) continue;
     fail("threads " + list(State::Simd) + " wait at a simd operation while threads " +
-         list(State::Barrier) + " wait at a threadgroup_barrier (simd operations must be in "
+         list(State::Barrier) +
+         " wait at a threadgroup_barrier (simd operations must be in "
          "simd-uniform control flow)");
   }
 }
@@ -232,8 +234,11 @@ bool Scheduler::release_barrier() {
     if (t.state == State::Simd) return false;  // reported by the caller as divergence
   for (const Thread& t : threads_)
     if (t.state == State::Done)
-      fail("threads " + list(State::Done) + " returned without reaching the threadgroup_barrier "
-           "that threads " + list(State::Barrier) + " wait at (every thread must reach every "
+      fail("threads " + list(State::Done) +
+           " returned without reaching the threadgroup_barrier "
+           "that threads " +
+           list(State::Barrier) +
+           " wait at (every thread must reach every "
            "barrier)");
   for (Thread& t : threads_) {
     t.state = State::Ready;

@@ -18,9 +18,9 @@ struct uint3 {
 
 // The thread-position attributes a kernel may ask for.
 struct ThreadIds {
-  uint3 tgid;  // threadgroup_position_in_grid
-  uint3 tpos;  // thread_position_in_threadgroup
-  uint3 tptg;  // threads_per_threadgroup
+  uint3 tgid;         // threadgroup_position_in_grid
+  uint3 tpos;         // thread_position_in_threadgroup
+  uint3 tptg;         // threads_per_threadgroup
   uint32_t tid = 0;   // thread_index_in_threadgroup
   uint32_t sg = 0;    // simdgroup_index_in_threadgroup
   uint32_t lane = 0;  // thread_index_in_simdgroup

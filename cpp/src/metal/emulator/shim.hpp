@@ -111,17 +111,18 @@ using namespace metal;
 
 // A program-scope function constant: a per-thread global, set by the executor for each
 // dispatch through the setter registered here.
-#define FUNCTION_CONSTANT(type, name, index)                                           \
-  static thread_local type name{};                                                     \
+#define FUNCTION_CONSTANT(type, name, index)                                                \
+  static thread_local type name{};                                                          \
   static const bool name##_registered_ = ::rnncore::metal::emu::register_function_constant( \
-      [](const ::rnncore::metal::emu::ConstantValues& v) { name = static_cast<type>(v.get(index)); });
+      [](const ::rnncore::metal::emu::ConstantValues& v) {                                  \
+        name = static_cast<type>(v.get(index));                                             \
+      });
 
 // One block per threadgroup, handed to every thread of it by the adapter.
 #define THREADGROUP_BUFFER(type, name, index) type* name
 
 // Kernel registration, one adapter per kernel signature (see common.h).
-#define REGISTER_KERNEL(adapter, name)                                                      \
+#define REGISTER_KERNEL(adapter, name)                                                  \
   static const bool name##_kernel_registered_ = ::rnncore::metal::emu::register_kernel( \
-      #name, [](const ::rnncore::metal::emu::KernelArgs& a,                                 \
+      #name, [](const ::rnncore::metal::emu::KernelArgs& a,                             \
                 const ::rnncore::metal::emu::ThreadIds& id) { adapter(name, a, id); });
-
