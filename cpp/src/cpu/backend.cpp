@@ -135,10 +135,14 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
                         packed_o[d].empty() ? nullptr : packed_o[d].data()};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   };
-  // Never more threads than the pool allows: the slices are then taken in turn.
-  pool.run(std::min(slices, pool.max_threads()), [&](int tid, int team) {
-    for (int k = tid; k < slices; k += team) run(k);
-  });
+  // Never more threads than the pool allows: the slices are then taken in turn. A single
+  // slice runs on the caller, leaving the pool to its per-step products.
+  if (slices == 1)
+    run(0);
+  else
+    pool.run(std::min(slices, pool.max_threads()), [&](int tid, int team) {
+      for (int k = tid; k < slices; k += team) run(k);
+    });
   for (int64_t d = 0; d < p.D; ++d) {
     reduce<T>(p, dirs[d], hm_all.data() + d * TNH, side.empty() ? nullptr : side.data() + d * TNH);
     if (dirs[d].dP) {

@@ -1,6 +1,7 @@
 // Pieces shared by the CPU recurrences of rnn.cpp, lstm.cpp and gru.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -9,6 +10,7 @@
 #include "core/backend.hpp"
 #include "cpu/blas.hpp"
 #include "cpu/fused.hpp"
+#include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
 
@@ -140,11 +142,25 @@ struct BackwardSlice {
 };
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
-// operand was packed, else BLAS.
+// operand was packed, else BLAS. A backward slice that runs alone (batch 1) splits the
+// packed column panels over the pool; inside a pool job the pool is busy and the product
+// stays on the calling thread.
 template <class T>
 void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
                   int64_t n, T* C, int64_t ldc, bool accumulate) {
-  if (packed) return fused_kernels().ops<T>().matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
+  if (packed) {
+    const auto& ops = fused_kernels().ops<T>();
+    const int64_t w = ops.width, panels = (n + w - 1) / w;
+    // Below ~64k multiply-adds a fork/join costs more than it saves.
+    if (M * K * n < (int64_t(1) << 16) || panels < 2)
+      return ops.matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
+    ThreadPool::instance().run(2, [&](int tid, int team) {
+      const int64_t b0 = panels * tid / team, b1 = panels * (tid + 1) / team;
+      const int64_t j0 = b0 * w, j1 = std::min(n, b1 * w);
+      if (j1 > j0) ops.matmul(A, lda, M, K, packed + b0 * K * w, j1 - j0, C + j0, ldc, accumulate);
+    });
+    return;
+  }
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 
