@@ -16,16 +16,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import pytest
-from util import gradient_devices
 
 import rnncore
-
-
-@pytest.fixture(params=gradient_devices())
-def device(request):
-    """Overrides conftest's device: only devices with gradient kernels."""
-    return request.param
-
 
 T, N, I, H = 5, 4, 7, 3  # noqa: E741
 KINDS = ("rnn", "lstm", "gru")

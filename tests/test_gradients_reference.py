@@ -39,17 +39,9 @@ from cases import (
     supported,
     training_forward,
 )
-from util import gradient_devices
 
 import rnncore
 from rnncore import reference
-
-
-@pytest.fixture(params=gradient_devices())
-def device(request):
-    """Overrides conftest's device: only devices with gradient kernels."""
-    return request.param
-
 
 T_, N_, I_, H_ = 4, 3, 5, 6
 

@@ -17,16 +17,9 @@ its outputs in processing order: that is checked too.
 import numpy as np
 import pytest
 from cases import DTYPES, gradient_tol, make_descriptor, run_gradients, skip_unsupported
-from util import assert_rel_close, gradient_devices
+from util import assert_rel_close
 
 import rnncore
-
-
-@pytest.fixture(params=gradient_devices())
-def device(request):
-    """Overrides conftest's device: only devices with gradient kernels."""
-    return request.param
-
 
 torch = pytest.importorskip("torch")
 

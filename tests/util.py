@@ -31,17 +31,6 @@ def assert_rel_close(actual, expected, tol, what=""):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
 
-# Devices whose backend has no gradient kernels yet (the Metal backend's gradients are the
-# next piece of work); the gradient suites skip them and test_metal_emulated.py checks that
-# they refuse clearly.
-NO_GRADIENTS: set = set()
-
-
-def gradient_devices():
-    """The devices under test that compute gradients."""
-    return [d for d in devices_under_test() if d not in NO_GRADIENTS]
-
-
 def devices_under_test():
     """Devices the suites run on: every available one, or RNNCORE_DEVICE alone."""
     forced = os.environ.get("RNNCORE_DEVICE")

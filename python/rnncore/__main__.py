@@ -393,18 +393,6 @@ def dtype_support(device, dtype):
     return None
 
 
-def gradient_support(device):
-    """None if `device` has the gradient operations, else the reason it does not."""
-    x = np.zeros((1, 1, 1), dtype=np.float32)
-    r = np.zeros((1, 1), dtype=np.float32)
-    try:
-        rnncore.single_gate_rnn_gradients(x, r, x, x, device=device)
-    except RuntimeError as e:
-        if "has no gradient kernels" in str(e):
-            return str(e)
-    return None
-
-
 def print_table(rows):
     header = ("operation", "device", "dtype", "cases", "failed", "worst err", "tolerance", "")
     table = [header]
@@ -470,12 +458,7 @@ def cmd_check(args):
                 if not optional:
                     failures.append(f"{device} {dtype.name}: {reason}")
                 continue
-            no_gradients = gradient_support(device)
             for op in ops:
-                if op.gradient and no_gradients:
-                    note = "no gradient kernels on this device yet"
-                    rows.append(Row(op.name, device, dtype.name, 0, 0, 0.0, 0.0, note))
-                    continue
                 rows.append(check_row(op, cases[op.kind], device, dtype, failures))
 
     print_table(rows)
