@@ -13,6 +13,8 @@ import zlib
 
 import numpy as np
 
+from rnncore.bench import rel_err
+
 # Gate blocks of PyTorch's layout, in the order ONNX stores them.
 ONNX_GATE_ORDER = {"rnn": (0,), "gru": (1, 0, 2), "lstm": (0, 3, 1, 2)}  # z,r,h / i,o,f,c
 
@@ -98,17 +100,6 @@ def torch_grads_to_canonical(config, grads):
     if config.kind == "gru":
         out["db2"] = np.concatenate([g["bias_hh"][2 * H :] for g in grads])
     return out
-
-
-def rel_err(actual, expected):
-    """||actual − expected|| / ||expected||, in float64."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape:
-        return float("inf")
-    den = np.linalg.norm(e)
-    num = np.linalg.norm(a - e)
-    return float(num / den) if den > 1e-30 else float(num)
 
 
 def compare(actual, expected):

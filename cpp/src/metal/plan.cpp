@@ -90,6 +90,24 @@ std::string set_step_grid(const Problem& p, Dispatch& d) {
   return "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
 }
 
+// The sizes and strides every (forward or gradient) step kernel reads; the step number is
+// set per dispatch.
+template <class Params>
+Params step_params(const Problem& p, const MaskShape& mask) {
+  Params params{};
+  params.T = int32_t(p.T);
+  params.N = int32_t(p.N);
+  params.H = int32_t(p.H);
+  params.reverse = p.D == 1 && p.reverse;
+  params.xp_ld = int32_t(p.D * p.G * p.H);
+  params.y_ld = int32_t(p.D * p.H);
+  params.z_ld = int32_t(p.D * p.ZG * p.H);
+  // The mask broadcasts to [N, D*H]: a dimension of size 1 gets stride 0.
+  params.mask_rs = int32_t(mask.rows == 1 ? 0 : mask.cols);
+  params.mask_cs = int32_t(mask.cols == 1 ? 0 : 1);
+  return params;
+}
+
 // The gate layout as function constants: activations by block position, the cell
 // activation, and the block positions of the gates (LSTM i, f, z, o; GRU z, r).
 void append_gate_constants(const Problem& p, std::vector<FunctionConstant>& c) {
@@ -258,17 +276,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   if (gru && p.reset_after) kernels = {"gru_step" + tile};
   if (reset_before) kernels = {"gru_gates" + tile, "gru_candidate" + tile};
 
-  k::StepParams params{};
-  params.T = int32_t(T);
-  params.N = int32_t(N);
-  params.H = int32_t(H);
-  params.reverse = D == 1 && p.reverse;
-  params.xp_ld = int32_t(DGH);
-  params.y_ld = int32_t(DH);
-  params.z_ld = int32_t(D * p.ZG * H);
-  // The mask broadcasts to [N, D*H]: a dimension of size 1 gets stride 0.
-  params.mask_rs = int32_t(mask.rows == 1 ? 0 : mask.cols);
-  params.mask_cs = int32_t(mask.cols == 1 ? 0 : 1);
+  auto params = step_params<k::StepParams>(p, mask);
   for (int64_t s = 0; s < T; ++s) {
     params.step = int32_t(s);
     for (const std::string& name : kernels) {
@@ -431,16 +439,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (reset_after) kernels = {"gru_backward" + tile};
   if (reset_before) kernels = {"gru_backward_zo" + tile, "gru_backward_r" + tile};
 
-  k::BackwardParams params{};
-  params.T = int32_t(T);
-  params.N = int32_t(N);
-  params.H = int32_t(H);
-  params.reverse = D == 1 && p.reverse;
-  params.xp_ld = int32_t(DGH);
-  params.y_ld = int32_t(DH);
-  params.z_ld = int32_t(D * p.ZG * H);
-  params.mask_rs = int32_t(gs.mask.rows == 1 ? 0 : gs.mask.cols);
-  params.mask_cs = int32_t(gs.mask.cols == 1 ? 0 : 1);
+  auto params = step_params<k::BackwardParams>(p, gs.mask);
   for (int64_t s = T - 1; s >= -1; --s) {
     params.step = int32_t(s);
     // Step -1 only carries the last deltas into the initial-state gradients.
