@@ -418,7 +418,7 @@ def test_non_array_arguments_raise_type_error(rng, device, kind, name, value):
         name = {"rnn": "mask", "lstm": "cell_output_fwd", "gru": "output_fwd"}[kind]
     args[name] = value
     with pytest.raises(TypeError):
-        call(kind, args, None, device)
+        call(kind, args, descriptor(kind), device)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -426,7 +426,7 @@ def test_missing_required_array_raises_type_error(rng, device, kind):
     args = build_args(rng, case(kind, "x"))
     for name in POSITIONAL[kind]:
         with pytest.raises(TypeError):
-            call(kind, dict(args, **{name: None}), None, device)
+            call(kind, dict(args, **{name: None}), descriptor(kind), device)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -447,7 +447,7 @@ def test_non_finite_values_do_not_crash(rng, device, kind):
     args["z_state"][0, 0, 0] = np.nan
     args["z_state"][1, 1, 1] = np.inf
     args["source_gradient"][2, 0, 0] = -np.inf
-    grads = call(kind, args, None, device)
+    grads = call(kind, args, descriptor(kind), device)
     assert grads.source.shape == (T, N, I)
 
 
@@ -456,13 +456,13 @@ def test_non_contiguous_arguments_are_read_correctly(rng, device, kind):
     """Strided views (a transposed copy read back, every other step) give the same
     gradients as contiguous copies; they are copied, not refused."""
     args = build_args(rng, case(kind, "x"))
-    expected = call(kind, args, None, device)
+    expected = call(kind, args, descriptor(kind), device)
     strided = dict(args)
     for name in ("source_gradient", "z_state"):
         wide = np.zeros((2 * T,) + args[name].shape[1:], np.float32)
         wide[::2] = args[name]
         strided[name] = wide[::2]
     strided["recurrent_weight"] = np.asfortranarray(args["recurrent_weight"])
-    actual = call(kind, strided, None, device)
+    actual = call(kind, strided, descriptor(kind), device)
     for field, a, e in zip(expected._fields, actual, expected):
         np.testing.assert_array_equal(a, e, err_msg=field)

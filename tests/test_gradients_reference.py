@@ -284,26 +284,27 @@ def test_awkward_sizes_match_reference(rng, device, kind, size, bidirectional, d
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 def test_default_descriptor_matches_reference(rng, device, kind, dtype):
-    """descriptor=None on the gradient op means the defaults, like the forward's."""
+    """The gradient op requires its forward's descriptor (no default: a default would give
+    the gradients of another operation); the defaults passed explicitly match the
+    reference's descriptor=None."""
     skip_unsupported(device, dtype)
     inputs = make_inputs(rng, kind, T=T_, N=N_, H=H_, I=I_, dtype=dtype, bias=True)
     cot = make_cotangents(rng, kind, T=T_, N=N_, H=H_, dtype=dtype, state_gradient=True)
     fwd = training_forward(rnncore, kind, inputs, make_descriptor(kind), device=device)
     extra = {"rnn": (), "lstm": (getattr(fwd, "cell", None),), "gru": (fwd.state,)}[kind]
-    actual = gradient_op(rnncore, kind)(
-        inputs["source"],
-        inputs["recurrent_weight"],
-        cot["source_gradient"],
-        fwd.z_state,
-        *extra,
+    args = (inputs["source"], inputs["recurrent_weight"], cot["source_gradient"], fwd.z_state)
+    kwargs = dict(
         state_gradient=cot["state_gradient"],
         input_weight=inputs["input_weight"],
         bias=inputs["bias"],
         device=device,
     )
+    with pytest.raises(TypeError, match="descriptor"):
+        gradient_op(rnncore, kind)(*args, *extra, **kwargs)
+    actual = gradient_op(rnncore, kind)(*args, *extra, descriptor=make_descriptor(kind), **kwargs)
     expected, _ = run_gradients(reference, kind, as_float64(inputs), None, as_float64(cot))
-    check_gradient_layout(actual, kind, inputs, dtype, f"{kind} descriptor=None")
-    check_gradients_close(actual, expected, kind, gradient_tol(dtype), f"{kind} descriptor=None")
+    check_gradient_layout(actual, kind, inputs, dtype, f"{kind} default descriptor")
+    check_gradients_close(actual, expected, kind, gradient_tol(dtype), f"{kind} default descriptor")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

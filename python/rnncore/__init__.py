@@ -1,6 +1,6 @@
 """rnncore: MPSGraph's recurrent layers (single-gate RNN, LSTM, GRU) on the CPU and Apple GPUs.
 
-The equations, layouts and shapes are the contract in shared/spec/semantics.md; every
+The equations, layouts and shapes are the contract in docs/semantics.md; every
 function here takes numpy (or any buffer-protocol / DLPack CPU) arrays and returns numpy
 arrays. The work is done by the compiled module ``rnncore._core``.
 """
@@ -203,13 +203,14 @@ def single_gate_rnn_gradients(
     bias=None,
     init_state=None,
     mask=None,
-    descriptor: Optional[RNNDescriptor] = None,
+    descriptor: RNNDescriptor,
     device: Optional[str] = None,
 ) -> RNNGradients:
     """Gradients of :func:`single_gate_rnn` by back-propagation through time.
 
     source_gradient is dL/d(state) in the state output's layout; z_state comes from a
-    forward run with ``training=True`` and the same descriptor; state_gradient [N, D*H]
+    forward run with ``training=True``; ``descriptor`` is that run's descriptor (required:
+    the defaults would give the gradients of another operation); state_gradient [N, D*H]
     is an extra gradient into each direction's final state. Returns the gradient of every
     input that was given (None for the others), each in that input's shape.
     """
@@ -245,7 +246,7 @@ def lstm_gradients(
     init_cell=None,
     mask=None,
     peephole=None,
-    descriptor: Optional[LSTMDescriptor] = None,
+    descriptor: LSTMDescriptor,
     device: Optional[str] = None,
 ) -> LSTMGradients:
     """Gradients of :func:`lstm` by back-propagation through time.
@@ -288,7 +289,7 @@ def gru_gradients(
     init_state=None,
     mask=None,
     secondary_bias=None,
-    descriptor: Optional[GRUDescriptor] = None,
+    descriptor: GRUDescriptor,
     device: Optional[str] = None,
 ) -> GRUGradients:
     """Gradients of :func:`gru` by back-propagation through time.

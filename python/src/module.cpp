@@ -75,8 +75,91 @@ nb::object to_numpy(const Tensor& t) {
 
 nb::object to_numpy(const std::optional<Tensor>& t) { return t ? to_numpy(*t) : nb::none(); }
 
-Device device_arg(const std::optional<std::string>& d) {
-  return d ? parse_device(*d) : Device::Auto;
+std::string text(nb::handle h) { return nb::str(h).c_str(); }
+std::string type_name_of(nb::handle h) { return text(h.type().attr("__name__")); }
+bool truth(nb::handle h) { return PyObject_IsTrue(h.ptr()) == 1; }
+
+// A bound descriptor class ("GRUDescriptor"), for the hint that descriptors are keywords.
+bool is_descriptor(nb::handle h) {
+  return nb::isinstance<RNNDescriptor>(h) || nb::isinstance<LSTMDescriptor>(h) ||
+         nb::isinstance<GRUDescriptor>(h);
+}
+
+// Why `h` could not be read as a C-contiguous CPU array, as the end of a message.
+[[noreturn]] void refuse_array(const std::string& where, nb::handle h) {
+  if (is_descriptor(h))
+    throw TypeError(where + " must be an array but got " + type_name_of(h) +
+                    "; the descriptor is keyword-only: descriptor=...");
+  const bool array_like = nb::hasattr(h, "__dlpack__") || nb::hasattr(h, "__array_interface__") ||
+                          PyObject_CheckBuffer(h.ptr());
+  if (!array_like)
+    throw TypeError(where + " must be an array (numpy, buffer protocol or DLPack) but got " +
+                    type_name_of(h));
+  std::string what = type_name_of(h);
+  if (nb::hasattr(h, "shape") && nb::hasattr(h, "dtype"))
+    what += " of shape " + text(h.attr("shape")) + " and dtype " + text(h.attr("dtype"));
+  if (nb::hasattr(h, "device")) {
+    const std::string dev = text(h.attr("device"));
+    if (dev.rfind("cpu", 0) != 0)
+      throw TypeError(where + " is a " + what + " on device " + dev +
+                      "; rnncore reads arrays in CPU memory (copy it with .cpu())");
+  }
+  // The caster copies a strided view to C order; for one, what remains is that copy failing.
+  bool strided = false;
+  if (nb::hasattr(h, "flags") && nb::hasattr(h.attr("flags"), "c_contiguous"))
+    strided = !truth(h.attr("flags").attr("c_contiguous"));
+  else if (nb::hasattr(h, "is_contiguous"))
+    strided = !truth(h.attr("is_contiguous")());
+  if (strided && nb::hasattr(h, "nbytes"))
+    throw OutOfMemoryError(where + " is a strided " + what + "; its C-contiguous copy of " +
+                           text(h.attr("nbytes")) + " bytes could not be allocated");
+  throw TypeError(where + " is a " + what + " that could not be read as a C-contiguous CPU array");
+}
+
+// Reads argument `name` of `op`: an array, or nothing for None. A required argument that
+// is None gets `hint` after the message.
+OptArray array_arg(const char* op, const char* name, nb::handle h, bool required,
+                   const char* hint = nullptr) {
+  const std::string where = std::string("[") + op + "] " + name;
+  if (h.is_none()) {
+    if (!required) return std::nullopt;
+    throw TypeError(where + " is required" + (hint ? std::string(": ") + hint : std::string()));
+  }
+  Array a;
+  if (!nb::try_cast<Array>(h, a, true)) refuse_array(where, h);
+  return a;
+}
+
+Array required_array(const char* op, const char* name, nb::handle h, const char* hint = nullptr) {
+  return *array_arg(op, name, h, true, hint);
+}
+
+Device device_arg(const char* op, nb::handle h) {
+  if (h.is_none()) return Device::Auto;
+  if (!nb::isinstance<nb::str>(h))
+    throw TypeError(std::string("[") + op + "] device must be a str or None but got " +
+                    type_name_of(h));
+  try {
+    return parse_device(nb::cast<std::string>(h));
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();  // "[device] unknown device ..."
+    throw ValueError(std::string("[") + op + "]" + msg.substr(msg.find(']') + 1));
+  }
+}
+
+// The descriptor argument: None means the defaults for a forward op and is refused for a
+// gradient op (the defaults would give the gradients of another operation).
+template <class D>
+D descriptor_arg(const char* op, const char* cls, nb::handle h, bool required) {
+  if (h.is_none()) {
+    if (!required) return D{};
+    throw TypeError(std::string("[") + op + "] descriptor is required: pass the " + cls +
+                    " of the forward run");
+  }
+  if (!nb::isinstance<D>(h))
+    throw TypeError(std::string("[") + op + "] descriptor must be an rnncore." + cls + " but got " +
+                    type_name_of(h));
+  return nb::cast<D>(h);
 }
 
 // ---- descriptors ----------------------------------------------------------------------
@@ -164,8 +247,12 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
     return;
   }
   if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
-    const long long x = PyLong_AsLongLong(nb::handle(PyNumber_Index(v.ptr())).ptr());
-    if (PyErr_Occurred()) PyErr_Clear();
+    // PyNumber_Index returns a new reference: steal it so it is released.
+    nb::object index = nb::steal(PyNumber_Index(v.ptr()));
+    if (!index.is_valid()) throw nb::python_error();
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow) x = -1;
     if (x < 0 || x > 4)
       throw ValueError(where + " must be an Activation (0..4) but got " + std::to_string(x));
     d.*f.act = static_cast<Activation>(x);
@@ -224,7 +311,10 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
   nb::class_<D> c(m, cls, full_doc.c_str());
   c.def(
       "__init__",
-      [cls](D* self, nb::kwargs kw) {
+      [cls](D* self, nb::args args, nb::kwargs kw) {
+        if (args.size() != 0)
+          throw TypeError(std::string(cls) + "() takes keyword arguments only but got " +
+                          std::to_string(args.size()) + " positional");
         new (self) D();
         for (auto [k, v] : kw) {
           const std::string key = nb::cast<std::string>(k);
@@ -279,18 +369,19 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
         state.append(static_cast<int>(d.*f.act));
     return nb::tuple(state);
   });
-  c.def("__setstate__", [cls](D& d, const nb::tuple& state) {
-    new (&d) D();
+  c.def("__setstate__", [cls](D& d, nb::handle h) {
     const auto& fs = fields<D>();
-    if (state.size() != fs.size()) throw ValueError(std::string(cls) + ": bad pickle state");
+    if (!nb::isinstance<nb::tuple>(h))
+      throw TypeError(std::string(cls) + ".__setstate__ takes a tuple of " +
+                      std::to_string(fs.size()) + " fields but got " + type_name_of(h));
+    const nb::tuple state = nb::borrow<nb::tuple>(h);
+    if (state.size() != fs.size())
+      throw ValueError(std::string(cls) + ".__setstate__ takes a tuple of " +
+                       std::to_string(fs.size()) + " fields but got " +
+                       std::to_string(state.size()));
+    new (&d) D();
     for (size_t i = 0; i < fs.size(); ++i) set_field(cls, d, fs[i], state[i]);
   });
-}
-
-template <class D>
-const D& descriptor_arg(const D* d) {
-  static const D defaults{};
-  return d ? *d : defaults;
 }
 
 }  // namespace
@@ -308,6 +399,8 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const rnncore::TypeError& e) {
       PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const rnncore::OutOfMemoryError& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
     } catch (const rnncore::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
@@ -337,193 +430,249 @@ NB_MODULE(_core, m) {
     d["kernels"] = b.kernels;
     return d;
   });
-  m.def("set_num_threads", &set_num_threads, "n"_a,
-        "Threads a call may use on the CPU; 0 restores the default (RNNCORE_NUM_THREADS, "
-        "else every usable core).");
+  m.def(
+      "set_num_threads",
+      [](nb::handle n) {
+        if (PyBool_Check(n.ptr()) || !PyIndex_Check(n.ptr()))
+          throw TypeError("[set_num_threads] n must be an int but got " + type_name_of(n));
+        nb::object index = nb::steal(PyNumber_Index(n.ptr()));
+        if (!index.is_valid()) throw nb::python_error();
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+        if (overflow || v < 0 || v > 4096)
+          throw ValueError("[set_num_threads] n must be in 0..4096 (0: the default) but is " +
+                           text(index));
+        set_num_threads(static_cast<int>(v));
+      },
+      nb::sig("def set_num_threads(n: int) -> None"),
+      "Threads a call may use on the CPU; 0 restores the default (RNNCORE_NUM_THREADS, "
+      "else every usable core).");
   m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
   m.attr("__version__") = version();
 
+  // Every argument arrives as an object so that a wrong one gets a message naming the
+  // operation and the argument rather than nanobind's overload dump.
+  using H = nb::handle;
   m.def(
       "single_gate_rnn",
-      [](const Array& source, const Array& recurrent_weight, const OptArray& input_weight,
-         const OptArray& bias, const OptArray& init_state, const OptArray& mask,
-         const RNNDescriptor* descriptor, const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask, H descriptor,
+         H device) {
         const char* op = "single_gate_rnn";
-        RNNInputs in{view(op, "source", source),
-                     view(op, "recurrent_weight", recurrent_weight),
-                     view(op, "input_weight", input_weight),
-                     view(op, "bias", bias),
-                     view(op, "init_state", init_state),
-                     view(op, "mask", mask)};
-        const Device dev = device_arg(device);
-        RNNResults r;
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const OptArray w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       mk = array_arg(op, "mask", mask, false);
+        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, false);
+        const Device dev = device_arg(op, device);
+        RNNInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
+                     view(op, "input_weight", w), view(op, "bias", b),
+                     view(op, "init_state", h0),  view(op, "mask", mk)};
+        RNNResults res;
         {
           nb::gil_scoped_release release;
-          r = single_gate_rnn(in, descriptor_arg(descriptor), dev);
+          res = single_gate_rnn(in, desc, dev);
         }
-        return nb::make_tuple(to_numpy(r.state), to_numpy(r.z_state));
+        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
       },
-      "source"_a, "recurrent_weight"_a, "input_weight"_a = nb::none(), "bias"_a = nb::none(),
-      "init_state"_a = nb::none(), "mask"_a = nb::none(), nb::kw_only(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
+      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
+      "device"_a.none() = nb::none());
 
   m.def(
       "lstm",
-      [](const Array& source, const Array& recurrent_weight, const OptArray& input_weight,
-         const OptArray& bias, const OptArray& init_state, const OptArray& init_cell,
-         const OptArray& mask, const OptArray& peephole, const LSTMDescriptor* descriptor,
-         const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H init_cell, H mask,
+         H peephole, H descriptor, H device) {
         const char* op = "lstm";
-        LSTMInputs in{view(op, "source", source),
-                      view(op, "recurrent_weight", recurrent_weight),
-                      view(op, "input_weight", input_weight),
-                      view(op, "bias", bias),
-                      view(op, "init_state", init_state),
-                      view(op, "init_cell", init_cell),
-                      view(op, "mask", mask),
-                      view(op, "peephole", peephole)};
-        const Device dev = device_arg(device);
-        LSTMResults r;
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const OptArray w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       c0 = array_arg(op, "init_cell", init_cell, false),
+                       mk = array_arg(op, "mask", mask, false),
+                       ph = array_arg(op, "peephole", peephole, false);
+        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, false);
+        const Device dev = device_arg(op, device);
+        LSTMInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
+                      view(op, "input_weight", w), view(op, "bias", b),
+                      view(op, "init_state", h0),  view(op, "init_cell", c0),
+                      view(op, "mask", mk),        view(op, "peephole", ph)};
+        LSTMResults res;
         {
           nb::gil_scoped_release release;
-          r = lstm(in, descriptor_arg(descriptor), dev);
+          res = lstm(in, desc, dev);
         }
-        return nb::make_tuple(to_numpy(r.state), to_numpy(r.cell), to_numpy(r.z_state));
+        return nb::make_tuple(to_numpy(res.state), to_numpy(res.cell), to_numpy(res.z_state));
       },
-      "source"_a, "recurrent_weight"_a, "input_weight"_a = nb::none(), "bias"_a = nb::none(),
-      "init_state"_a = nb::none(), "init_cell"_a = nb::none(), "mask"_a = nb::none(),
-      "peephole"_a = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
+      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
+      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
+      "init_cell"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
+      "peephole"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
       "device"_a.none() = nb::none());
 
   m.def(
       "gru",
-      [](const Array& source, const Array& recurrent_weight, const OptArray& input_weight,
-         const OptArray& bias, const OptArray& init_state, const OptArray& mask,
-         const OptArray& secondary_bias, const GRUDescriptor* descriptor,
-         const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask,
+         H secondary_bias, H descriptor, H device) {
         const char* op = "gru";
-        GRUInputs in{view(op, "source", source),
-                     view(op, "recurrent_weight", recurrent_weight),
-                     view(op, "input_weight", input_weight),
-                     view(op, "bias", bias),
-                     view(op, "init_state", init_state),
-                     view(op, "mask", mask),
-                     view(op, "secondary_bias", secondary_bias)};
-        const Device dev = device_arg(device);
-        GRUResults r;
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const OptArray w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       mk = array_arg(op, "mask", mask, false),
+                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
+        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, false);
+        const Device dev = device_arg(op, device);
+        GRUInputs in{view(op, "source", x),         view(op, "recurrent_weight", r),
+                     view(op, "input_weight", w),   view(op, "bias", b),
+                     view(op, "init_state", h0),    view(op, "mask", mk),
+                     view(op, "secondary_bias", b2)};
+        GRUResults res;
         {
           nb::gil_scoped_release release;
-          r = gru(in, descriptor_arg(descriptor), dev);
+          res = gru(in, desc, dev);
         }
-        return nb::make_tuple(to_numpy(r.state), to_numpy(r.z_state));
+        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
       },
-      "source"_a, "recurrent_weight"_a, "input_weight"_a = nb::none(), "bias"_a = nb::none(),
-      "init_state"_a = nb::none(), "mask"_a = nb::none(), "secondary_bias"_a = nb::none(),
-      nb::kw_only(), "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
+      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(), nb::kw_only(),
+      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
 
+  static const char* const kZStateHint = "run the forward with descriptor.training=True";
   m.def(
       "single_gate_rnn_gradients",
-      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
-         const Array& z_state, const OptArray& state_gradient, const OptArray& input_weight,
-         const OptArray& bias, const OptArray& init_state, const OptArray& mask,
-         const RNNDescriptor* descriptor, const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H source_gradient, H z_state, H state_gradient,
+         H input_weight, H bias, H init_state, H mask, H descriptor, H device) {
         const char* op = "single_gate_rnn_gradients";
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const Array dy = required_array(op, "source_gradient", source_gradient);
+        const Array z = required_array(op, "z_state", z_state, kZStateHint);
+        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
+                       w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       mk = array_arg(op, "mask", mask, false);
+        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, true);
+        const Device dev = device_arg(op, device);
         RNNGradientInputs in;
-        static_cast<RNNInputs&>(in) = {view(op, "source", source),
-                                       view(op, "recurrent_weight", recurrent_weight),
-                                       view(op, "input_weight", input_weight),
-                                       view(op, "bias", bias),
-                                       view(op, "init_state", init_state),
-                                       view(op, "mask", mask)};
-        in.source_gradient = view(op, "source_gradient", source_gradient);
-        in.z_state = view(op, "z_state", z_state);
-        in.state_gradient = view(op, "state_gradient", state_gradient);
-        const Device dev = device_arg(device);
+        static_cast<RNNInputs&>(in) = {view(op, "source", x),       view(op, "recurrent_weight", r),
+                                       view(op, "input_weight", w), view(op, "bias", b),
+                                       view(op, "init_state", h0),  view(op, "mask", mk)};
+        in.source_gradient = view(op, "source_gradient", dy);
+        in.z_state = view(op, "z_state", z);
+        in.state_gradient = view(op, "state_gradient", dh);
         RNNGradients g;
         {
           nb::gil_scoped_release release;
-          g = single_gate_rnn_gradients(in, descriptor_arg(descriptor), dev);
+          g = single_gate_rnn_gradients(in, desc, dev);
         }
         return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
                               to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state));
       },
-      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, nb::kw_only(),
-      "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(), "bias"_a = nb::none(),
-      "init_state"_a = nb::none(), "mask"_a = nb::none(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
+      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
+      "z_state"_a.none(), nb::kw_only(), "state_gradient"_a.none() = nb::none(),
+      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
+      "init_state"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
+      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
 
   m.def(
       "lstm_gradients",
-      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
-         const Array& z_state, const Array& cell_output_fwd, const OptArray& state_gradient,
-         const OptArray& cell_gradient, const OptArray& input_weight, const OptArray& bias,
-         const OptArray& init_state, const OptArray& init_cell, const OptArray& mask,
-         const OptArray& peephole, const LSTMDescriptor* descriptor,
-         const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H source_gradient, H z_state, H cell_output_fwd,
+         H state_gradient, H cell_gradient, H input_weight, H bias, H init_state, H init_cell,
+         H mask, H peephole, H descriptor, H device) {
         const char* op = "lstm_gradients";
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const Array dy = required_array(op, "source_gradient", source_gradient);
+        const Array z = required_array(op, "z_state", z_state, kZStateHint);
+        const Array cf = required_array(op, "cell_output_fwd", cell_output_fwd,
+                                        "pass the cell output of the forward run (training=True "
+                                        "or produce_cell=True)");
+        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
+                       dc = array_arg(op, "cell_gradient", cell_gradient, false),
+                       w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       c0 = array_arg(op, "init_cell", init_cell, false),
+                       mk = array_arg(op, "mask", mask, false),
+                       ph = array_arg(op, "peephole", peephole, false);
+        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, true);
+        const Device dev = device_arg(op, device);
         LSTMGradientInputs in;
-        static_cast<LSTMInputs&>(in) = {view(op, "source", source),
-                                        view(op, "recurrent_weight", recurrent_weight),
-                                        view(op, "input_weight", input_weight),
-                                        view(op, "bias", bias),
-                                        view(op, "init_state", init_state),
-                                        view(op, "init_cell", init_cell),
-                                        view(op, "mask", mask),
-                                        view(op, "peephole", peephole)};
-        in.source_gradient = view(op, "source_gradient", source_gradient);
-        in.z_state = view(op, "z_state", z_state);
-        in.cell_output_fwd = view(op, "cell_output_fwd", cell_output_fwd);
-        in.state_gradient = view(op, "state_gradient", state_gradient);
-        in.cell_gradient = view(op, "cell_gradient", cell_gradient);
-        const Device dev = device_arg(device);
+        static_cast<LSTMInputs&>(in) = {
+            view(op, "source", x), view(op, "recurrent_weight", r), view(op, "input_weight", w),
+            view(op, "bias", b),   view(op, "init_state", h0),      view(op, "init_cell", c0),
+            view(op, "mask", mk),  view(op, "peephole", ph)};
+        in.source_gradient = view(op, "source_gradient", dy);
+        in.z_state = view(op, "z_state", z);
+        in.cell_output_fwd = view(op, "cell_output_fwd", cf);
+        in.state_gradient = view(op, "state_gradient", dh);
+        in.cell_gradient = view(op, "cell_gradient", dc);
         LSTMGradients g;
         {
           nb::gil_scoped_release release;
-          g = lstm_gradients(in, descriptor_arg(descriptor), dev);
+          g = lstm_gradients(in, desc, dev);
         }
         return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
                               to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.peephole),
                               to_numpy(g.init_state), to_numpy(g.init_cell));
       },
-      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, "cell_output_fwd"_a,
-      nb::kw_only(), "state_gradient"_a = nb::none(), "cell_gradient"_a = nb::none(),
-      "input_weight"_a = nb::none(), "bias"_a = nb::none(), "init_state"_a = nb::none(),
-      "init_cell"_a = nb::none(), "mask"_a = nb::none(), "peephole"_a = nb::none(),
+      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
+      "z_state"_a.none(), "cell_output_fwd"_a.none(), nb::kw_only(),
+      "state_gradient"_a.none() = nb::none(), "cell_gradient"_a.none() = nb::none(),
+      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
+      "init_state"_a.none() = nb::none(), "init_cell"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), "peephole"_a.none() = nb::none(),
       "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
 
   m.def(
       "gru_gradients",
-      [](const Array& source, const Array& recurrent_weight, const Array& source_gradient,
-         const Array& z_state, const Array& output_fwd, const OptArray& state_gradient,
-         const OptArray& input_weight, const OptArray& bias, const OptArray& init_state,
-         const OptArray& mask, const OptArray& secondary_bias, const GRUDescriptor* descriptor,
-         const std::optional<std::string>& device) {
+      [](H source, H recurrent_weight, H source_gradient, H z_state, H output_fwd, H state_gradient,
+         H input_weight, H bias, H init_state, H mask, H secondary_bias, H descriptor, H device) {
         const char* op = "gru_gradients";
+        const Array x = required_array(op, "source", source);
+        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
+        const Array dy = required_array(op, "source_gradient", source_gradient);
+        const Array z = required_array(op, "z_state", z_state, kZStateHint);
+        const Array yf = required_array(op, "output_fwd", output_fwd,
+                                        "pass the state output of the forward run");
+        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
+                       w = array_arg(op, "input_weight", input_weight, false),
+                       b = array_arg(op, "bias", bias, false),
+                       h0 = array_arg(op, "init_state", init_state, false),
+                       mk = array_arg(op, "mask", mask, false),
+                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
+        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, true);
+        const Device dev = device_arg(op, device);
         GRUGradientInputs in;
-        static_cast<GRUInputs&>(in) = {view(op, "source", source),
-                                       view(op, "recurrent_weight", recurrent_weight),
-                                       view(op, "input_weight", input_weight),
-                                       view(op, "bias", bias),
-                                       view(op, "init_state", init_state),
-                                       view(op, "mask", mask),
-                                       view(op, "secondary_bias", secondary_bias)};
-        in.source_gradient = view(op, "source_gradient", source_gradient);
-        in.z_state = view(op, "z_state", z_state);
-        in.output_fwd = view(op, "output_fwd", output_fwd);
-        in.state_gradient = view(op, "state_gradient", state_gradient);
-        const Device dev = device_arg(device);
+        static_cast<GRUInputs&>(in) = {
+            view(op, "source", x),         view(op, "recurrent_weight", r),
+            view(op, "input_weight", w),   view(op, "bias", b),
+            view(op, "init_state", h0),    view(op, "mask", mk),
+            view(op, "secondary_bias", b2)};
+        in.source_gradient = view(op, "source_gradient", dy);
+        in.z_state = view(op, "z_state", z);
+        in.output_fwd = view(op, "output_fwd", yf);
+        in.state_gradient = view(op, "state_gradient", dh);
         GRUGradients g;
         {
           nb::gil_scoped_release release;
-          g = gru_gradients(in, descriptor_arg(descriptor), dev);
+          g = gru_gradients(in, desc, dev);
         }
         return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
                               to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state),
                               to_numpy(g.secondary_bias));
       },
-      "source"_a, "recurrent_weight"_a, "source_gradient"_a, "z_state"_a, "output_fwd"_a,
-      nb::kw_only(), "state_gradient"_a = nb::none(), "input_weight"_a = nb::none(),
-      "bias"_a = nb::none(), "init_state"_a = nb::none(), "mask"_a = nb::none(),
-      "secondary_bias"_a = nb::none(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
+      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
+      "z_state"_a.none(), "output_fwd"_a.none(), nb::kw_only(),
+      "state_gradient"_a.none() = nb::none(), "input_weight"_a.none() = nb::none(),
+      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
+      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(),
+      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
 }

@@ -1,6 +1,7 @@
 // Error messages: "[op] argument must have shape (expected) but has (received)".
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,49 @@ TEST(Errors, UnknownAndUnavailableDevices) {
     GruCase c;
     EXPECT_THROW(rnncore::gru(c.in, {}, rnncore::Device::Metal), rnncore::DeviceError);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// A zero-size input weight without storage (I = 0) is present: x' = 0, h = relu(h0 R^T).
+TEST(Reliability, EmptyInputWeightWithoutDataIsPresent) {
+  std::vector<float> R = {0.5f, -1.f, 2.f, 1.f}, h0 = {1.f, 2.f};
+  rnncore::RNNInputs in;
+  in.source = TensorView(static_cast<const float*>(nullptr), {1, 1, 0});
+  in.recurrent_weight = TensorView(R.data(), {2, 2});
+  in.input_weight = TensorView(static_cast<const float*>(nullptr), {2, 0});
+  in.init_state = TensorView(h0.data(), {1, 2});
+  const rnncore::RNNResults r = rnncore::single_gate_rnn(in, {}, rnncore::Device::Cpu);
+  ASSERT_EQ(r.state.shape(), (rnncore::Shape{1, 1, 2}));
+  EXPECT_EQ(r.state.ptr<float>()[0], 0.f);  // relu(0.5 - 2)
+  EXPECT_EQ(r.state.ptr<float>()[1], 4.f);  // relu(2 + 2)
+}
+
+TEST(Reliability, MisalignedInputsGiveTheAlignedResults) {
+  GruCase c;
+  for (size_t i = 0; i < c.x.size(); ++i) c.x[i] = 0.01f * static_cast<float>(i % 17);
+  for (size_t i = 0; i < c.W.size(); ++i) c.W[i] = 0.02f * static_cast<float>(i % 5) - 0.04f;
+  c.in.recurrent_weight = TensorView(c.R.data(), {96, 32});
+  const rnncore::GRUResults want = rnncore::gru(c.in, {}, rnncore::Device::Cpu);
+  std::vector<char> bytes(c.x.size() * sizeof(float) + 1);
+  std::memcpy(bytes.data() + 1, c.x.data(), c.x.size() * sizeof(float));
+  c.in.source = TensorView(bytes.data() + 1, {5, 4, 8}, rnncore::DType::Float32);
+  const rnncore::GRUResults got = rnncore::gru(c.in, {}, rnncore::Device::Cpu);
+  EXPECT_EQ(std::memcmp(got.state.data(), want.state.data(), want.state.nbytes()), 0);
+}
+
+TEST(Reliability, OverflowingSizesAreRefusedNamingThem) {
+  std::vector<float> R(48 * 16, 0.f);
+  rnncore::GRUInputs in;
+  in.source =
+      TensorView(static_cast<const float*>(nullptr), {int64_t(1) << 30, int64_t(1) << 30, 0});
+  in.recurrent_weight = TensorView(R.data(), {48, 16});
+  in.input_weight = TensorView(static_cast<const float*>(nullptr), {48, 0});
+  EXPECT_EQ(message_of<rnncore::ValueError>([&] { rnncore::gru(in); }),
+            "[gru] the state output would have T*N*D*H = 1073741824*1073741824*1*16 elements, "
+            "more than 2^59: the sizes are too large");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Layer descriptors with MPSGraph's defaults. The meaning of every field is the
-// contract's (shared/spec/semantics.md); names follow the Python API.
+// contract's (docs/semantics.md); names follow the Python API.
 #pragma once
 
 #include <cstdint>

@@ -24,6 +24,13 @@ class TypeError : public Error {
   using Error::Error;
 };
 
+// Memory that could not be allocated, or sizes past what memory can hold (Python:
+// MemoryError); thrown by the operations with the operation and the array named.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A known device that this build or machine cannot run (Python: RuntimeError).
 class DeviceError : public Error {
  public:

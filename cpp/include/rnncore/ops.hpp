@@ -1,4 +1,4 @@
-// The recurrent operations. Equations, layouts and shapes: shared/spec/semantics.md.
+// The recurrent operations. Equations, layouts and shapes: docs/semantics.md.
 // Inputs are read in place (C-contiguous); all array inputs of one call share a dtype.
 #pragma once
 
@@ -107,13 +107,14 @@ LSTMResults lstm(const LSTMInputs& inputs, const LSTMDescriptor& descriptor = {}
 GRUResults gru(const GRUInputs& inputs, const GRUDescriptor& descriptor = {},
                Device device = Device::Auto);
 
-// The descriptor's `training` field is ignored by the gradient operations.
+// The descriptor is that of the forward run (no default: the defaults would silently give
+// the gradients of another operation); its `training` field is ignored.
 RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& inputs,
-                                       const RNNDescriptor& descriptor = {},
+                                       const RNNDescriptor& descriptor,
                                        Device device = Device::Auto);
-LSTMGradients lstm_gradients(const LSTMGradientInputs& inputs,
-                             const LSTMDescriptor& descriptor = {}, Device device = Device::Auto);
-GRUGradients gru_gradients(const GRUGradientInputs& inputs, const GRUDescriptor& descriptor = {},
+LSTMGradients lstm_gradients(const LSTMGradientInputs& inputs, const LSTMDescriptor& descriptor,
+                             Device device = Device::Auto);
+GRUGradients gru_gradients(const GRUGradientInputs& inputs, const GRUDescriptor& descriptor,
                            Device device = Device::Auto);
 
 }  // namespace rnncore

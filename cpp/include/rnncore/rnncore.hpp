@@ -1,5 +1,5 @@
 // rnncore: MPSGraph's recurrent layers (single-gate RNN, LSTM, GRU) on the CPU and on
-// Apple GPUs. The contract: shared/spec/semantics.md; the API: shared/spec/api.md.
+// Apple GPUs. The contract: docs/semantics.md; the API: docs/api.md.
 #pragma once
 
 #include "rnncore/descriptors.hpp"

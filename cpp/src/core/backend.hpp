@@ -129,6 +129,9 @@ class Backend {
   // The dtypes the backend computes ("float32 and float64") and whether it takes `d`.
   virtual const char* dtypes() const { return "float32 and float64"; }
   virtual bool computes(DType d) const { return d == DType::Float32 || d == DType::Float64; }
+  // Refuses (with an error naming the op) a problem the backend cannot index, before any
+  // memory is allocated for it.
+  virtual void admit(const Problem&, bool /*gradients*/) const {}
   // Memory the backend can compute on and the caller can read.
   virtual Tensor allocate(const Shape& shape, DType dtype) = 0;
   // xp[T*N, D*G*H] = source[T*N, K] * W^T (+ bias); W is null when absent (then K equals

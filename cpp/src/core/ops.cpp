@@ -3,7 +3,11 @@
 // with its time flips, writing straight into the concatenated outputs.
 #include "rnncore/ops.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <new>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/validate.hpp"
@@ -30,10 +34,55 @@ Backend& backend_for(Device device, const Problem& p, bool gradients) {
                     dtype_name(p.dtype) + "; " +
                     (p.dtype == DType::Float16 ? "float16 is a storage type of device 'metal'"
                                                : "float64 is computed on device 'cpu'"));
+  be.admit(p, gradients);
   return be;
 }
 
 const void* opt_data(const std::optional<TensorView>& v) { return v ? v->data : nullptr; }
+
+// The inputs as backends may take them: a present array always has a non-null pointer (a
+// zero-size array from DLPack may have none, and null means "absent" to a backend), and
+// one aligned to its element type (a misaligned view is copied; reading it in place is
+// undefined behaviour).
+class Prepared {
+ public:
+  void operator()(TensorView& v) {
+    static const std::max_align_t kEmpty{};
+    if (v.data == nullptr) {
+      v.data = &kEmpty;  // validated: only zero-size arrays come without data
+      return;
+    }
+    if (reinterpret_cast<uintptr_t>(v.data) % static_cast<uintptr_t>(dtype_size(v.dtype)) == 0)
+      return;
+    Tensor copy = Tensor::empty(v.shape, v.dtype);
+    std::memcpy(copy.data(), v.data, static_cast<size_t>(copy.nbytes()));
+    v.data = copy.data();
+    copies_.push_back(std::move(copy));
+  }
+  void operator()(std::optional<TensorView>& v) {
+    if (v) (*this)(*v);
+  }
+  void operator()(RNNInputs& in) { fields(in, in.init_state, in.mask); }
+  void operator()(GRUInputs& in) { fields(in, in.init_state, in.mask, in.secondary_bias); }
+  void operator()(LSTMInputs& in) { fields(in, in.init_state, in.init_cell, in.mask, in.peephole); }
+  template <class In>
+  void gradients(In& in) {
+    (*this)(in.source_gradient);
+    (*this)(in.z_state);
+    (*this)(in.state_gradient);
+  }
+
+ private:
+  template <class In, class... Rest>
+  void fields(In& in, Rest&... rest) {
+    (*this)(in.source);
+    (*this)(in.recurrent_weight);
+    (*this)(in.input_weight);
+    (*this)(in.bias);
+    ((*this)(rest), ...);
+  }
+  std::vector<Tensor> copies_;
+};
 
 template <class T>
 void broadcast_mask(const TensorView& m, int64_t N, int64_t DH, T* out) {
@@ -302,109 +351,161 @@ GradOutputs run_backward(const Problem& p, const CommonGradInputs& in, Backend& 
 }  // namespace
 }  // namespace rnncore::detail
 
+namespace rnncore::detail {
+namespace {
+
+// Runs one operation; allocation failures anywhere inside surface as OutOfMemoryError
+// naming the operation (with the array's size and shape when the allocator knows them).
+template <class F>
+auto guarded(const char* op, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(std::string("[") + op + "] " + e.what());
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(std::string("[") + op + "] out of memory");
+  }
+}
+
+}  // namespace
+}  // namespace rnncore::detail
+
 namespace rnncore {
 using namespace detail;
 
-RNNResults single_gate_rnn(const RNNInputs& in, const RNNDescriptor& desc, Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source,
-                  in.recurrent_weight.data,
-                  opt_data(in.input_weight),
-                  opt_data(in.bias),
-                  opt_data(in.init_state),
-                  nullptr,
-                  &in.mask,
-                  nullptr,
-                  nullptr};
-  Outputs o = run_forward(p, ci, be);
-  return {std::move(o.state), std::move(o.z_state)};
+RNNResults single_gate_rnn(const RNNInputs& given, const RNNDescriptor& desc, Device device) {
+  return guarded("single_gate_rnn", [&]() -> RNNResults {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, false);
+    RNNInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    CommonInputs ci{&in.source,
+                    in.recurrent_weight.data,
+                    opt_data(in.input_weight),
+                    opt_data(in.bias),
+                    opt_data(in.init_state),
+                    nullptr,
+                    &in.mask,
+                    nullptr,
+                    nullptr};
+    Outputs o = run_forward(p, ci, be);
+    return {std::move(o.state), std::move(o.z_state)};
+  });
 }
 
-LSTMResults lstm(const LSTMInputs& in, const LSTMDescriptor& desc, Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source,        in.recurrent_weight.data, opt_data(in.input_weight),
-                  opt_data(in.bias), opt_data(in.init_state),  opt_data(in.init_cell),
-                  &in.mask,          opt_data(in.peephole),    nullptr};
-  Outputs o = run_forward(p, ci, be);
-  return {std::move(o.state), std::move(o.cell), std::move(o.z_state)};
+LSTMResults lstm(const LSTMInputs& given, const LSTMDescriptor& desc, Device device) {
+  return guarded("lstm", [&]() -> LSTMResults {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, false);
+    LSTMInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    CommonInputs ci{&in.source,        in.recurrent_weight.data, opt_data(in.input_weight),
+                    opt_data(in.bias), opt_data(in.init_state),  opt_data(in.init_cell),
+                    &in.mask,          opt_data(in.peephole),    nullptr};
+    Outputs o = run_forward(p, ci, be);
+    return {std::move(o.state), std::move(o.cell), std::move(o.z_state)};
+  });
 }
 
-GRUResults gru(const GRUInputs& in, const GRUDescriptor& desc, Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, false);
-  CommonInputs ci{&in.source,
-                  in.recurrent_weight.data,
-                  opt_data(in.input_weight),
-                  opt_data(in.bias),
-                  opt_data(in.init_state),
-                  nullptr,
-                  &in.mask,
-                  nullptr,
-                  opt_data(in.secondary_bias)};
-  Outputs o = run_forward(p, ci, be);
-  return {std::move(o.state), std::move(o.z_state)};
+GRUResults gru(const GRUInputs& given, const GRUDescriptor& desc, Device device) {
+  return guarded("gru", [&]() -> GRUResults {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, false);
+    GRUInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    CommonInputs ci{&in.source,
+                    in.recurrent_weight.data,
+                    opt_data(in.input_weight),
+                    opt_data(in.bias),
+                    opt_data(in.init_state),
+                    nullptr,
+                    &in.mask,
+                    nullptr,
+                    opt_data(in.secondary_bias)};
+    Outputs o = run_forward(p, ci, be);
+    return {std::move(o.state), std::move(o.z_state)};
+  });
 }
 
-}  // namespace rnncore
-
-namespace rnncore {
-
-RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& in, const RNNDescriptor& desc,
+RNNGradients single_gate_rnn_gradients(const RNNGradientInputs& given, const RNNDescriptor& desc,
                                        Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, true);
-  static const std::optional<TensorView> none;
-  CommonGradInputs ci{
-      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
-       opt_data(in.init_state), nullptr, &in.mask, nullptr, nullptr},
-      in.source_gradient.data,
-      in.z_state.data,
-      nullptr,
-      nullptr,
-      opt_data(in.state_gradient),
-      &none};
-  GradOutputs g = run_backward(p, ci, be, false);
-  return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
-          std::move(g.bias), std::move(g.init_state)};
+  return guarded("single_gate_rnn_gradients", [&]() -> RNNGradients {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, true);
+    RNNGradientInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    prepared.gradients(in);
+    static const std::optional<TensorView> none;
+    CommonGradInputs ci{
+        {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+         opt_data(in.init_state), nullptr, &in.mask, nullptr, nullptr},
+        in.source_gradient.data,
+        in.z_state.data,
+        nullptr,
+        nullptr,
+        opt_data(in.state_gradient),
+        &none};
+    GradOutputs g = run_backward(p, ci, be, false);
+    return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
+            std::move(g.bias), std::move(g.init_state)};
+  });
 }
 
-LSTMGradients lstm_gradients(const LSTMGradientInputs& in, const LSTMDescriptor& desc,
+LSTMGradients lstm_gradients(const LSTMGradientInputs& given, const LSTMDescriptor& desc,
                              Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, true);
-  CommonGradInputs ci{
-      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
-       opt_data(in.init_state), opt_data(in.init_cell), &in.mask, opt_data(in.peephole), nullptr},
-      in.source_gradient.data,
-      in.z_state.data,
-      nullptr,
-      in.cell_output_fwd.data,
-      opt_data(in.state_gradient),
-      &in.cell_gradient};
-  GradOutputs g = run_backward(p, ci, be, false);
-  return {std::move(g.source),   std::move(g.recurrent_weight), std::move(g.input_weight),
-          std::move(g.bias),     std::move(g.peephole),         std::move(g.init_state),
-          std::move(g.init_cell)};
+  return guarded("lstm_gradients", [&]() -> LSTMGradients {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, true);
+    LSTMGradientInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    prepared.gradients(in);
+    prepared(in.cell_output_fwd);
+    prepared(in.cell_gradient);
+    CommonGradInputs ci{
+        {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+         opt_data(in.init_state), opt_data(in.init_cell), &in.mask, opt_data(in.peephole), nullptr},
+        in.source_gradient.data,
+        in.z_state.data,
+        nullptr,
+        in.cell_output_fwd.data,
+        opt_data(in.state_gradient),
+        &in.cell_gradient};
+    GradOutputs g = run_backward(p, ci, be, false);
+    return {std::move(g.source),   std::move(g.recurrent_weight), std::move(g.input_weight),
+            std::move(g.bias),     std::move(g.peephole),         std::move(g.init_state),
+            std::move(g.init_cell)};
+  });
 }
 
-GRUGradients gru_gradients(const GRUGradientInputs& in, const GRUDescriptor& desc, Device device) {
-  const Problem p = validate(in, desc);
-  Backend& be = backend_for(device, p, true);
-  static const std::optional<TensorView> none;
-  CommonGradInputs ci{
-      {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
-       opt_data(in.init_state), nullptr, &in.mask, nullptr, opt_data(in.secondary_bias)},
-      in.source_gradient.data,
-      in.z_state.data,
-      in.output_fwd.data,
-      nullptr,
-      opt_data(in.state_gradient),
-      &none};
-  GradOutputs g = run_backward(p, ci, be, p.has_secondary_bias);
-  return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
-          std::move(g.bias),   std::move(g.init_state),       std::move(g.secondary_bias)};
+GRUGradients gru_gradients(const GRUGradientInputs& given, const GRUDescriptor& desc,
+                           Device device) {
+  return guarded("gru_gradients", [&]() -> GRUGradients {
+    const Problem p = validate(given, desc);
+    Backend& be = backend_for(device, p, true);
+    GRUGradientInputs in = given;
+    Prepared prepared;
+    prepared(in);
+    prepared.gradients(in);
+    prepared(in.output_fwd);
+    static const std::optional<TensorView> none;
+    CommonGradInputs ci{
+        {&in.source, in.recurrent_weight.data, opt_data(in.input_weight), opt_data(in.bias),
+         opt_data(in.init_state), nullptr, &in.mask, nullptr, opt_data(in.secondary_bias)},
+        in.source_gradient.data,
+        in.z_state.data,
+        in.output_fwd.data,
+        nullptr,
+        opt_data(in.state_gradient),
+        &none};
+    GradOutputs g = run_backward(p, ci, be, p.has_secondary_bias);
+    return {std::move(g.source), std::move(g.recurrent_weight), std::move(g.input_weight),
+            std::move(g.bias),   std::move(g.init_state),       std::move(g.secondary_bias)};
+  });
 }
 
 }  // namespace rnncore

@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "rnncore/error.hpp"
 
@@ -30,8 +29,12 @@ std::string shape_to_string(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  for (int64_t d : s)
+    if (d == 0) return 0;
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      throw ValueError("shape " + shape_to_string(s) + " has no 64-bit element count");
   return n;
 }
 
@@ -40,10 +43,16 @@ Tensor Tensor::empty(Shape shape, DType dtype) {
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   // 64-byte alignment for vector loads; at least one byte so data() is never null.
-  const size_t bytes = static_cast<size_t>(t.nbytes());
-  const size_t rounded = (bytes + 63) / 64 * 64 + 64 * (bytes == 0);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(t.numel(), dtype_size(dtype), &bytes) || bytes > (int64_t(1) << 62))
+    throw OutOfMemoryError("an array of shape " + shape_to_string(t.shape_) + " (" +
+                           dtype_name(dtype) + ") has too many bytes to allocate");
+  const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64 + 64 * (bytes == 0);
   void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
+  if (!p)
+    throw OutOfMemoryError("could not allocate " + std::to_string(bytes) +
+                           " bytes for an array of shape " + shape_to_string(t.shape_) + " (" +
+                           dtype_name(dtype) + ")");
   t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   return t;
 }

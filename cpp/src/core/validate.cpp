@@ -24,10 +24,17 @@ void Checker::type_error(const std::string& msg) const {
 void Checker::dtype(const char* name, const TensorView& v) {
   if (v.dtype != DType::Float32 && v.dtype != DType::Float64 && v.dtype != DType::Float16)
     type_error(std::string(name) + " has an unsupported dtype");
-  if (v.data == nullptr && v.numel() > 0)
-    value_error(std::string(name) + " has shape " + shape_to_string(v.shape) + " but no data");
   for (int64_t s : v.shape)
     if (s < 0) value_error(std::string(name) + " has a negative size " + shape_to_string(v.shape));
+  int64_t numel = 0;
+  try {
+    numel = v.numel();
+  } catch (const ValueError&) {
+    value_error(std::string(name) + " has shape " + shape_to_string(v.shape) +
+                ", whose element count overflows 64 bits");
+  }
+  if (v.data == nullptr && numel > 0)
+    value_error(std::string(name) + " has shape " + shape_to_string(v.shape) + " but no data");
   if (!first_) {
     first_ = name;
     dtype_ = v.dtype;
@@ -55,6 +62,27 @@ void Checker::activation(const char* field, Activation a) const {
   if (!is_valid(a))
     value_error(std::string("descriptor.") + field + " must be an Activation (0..4) but is " +
                 std::to_string(static_cast<int>(a)));
+}
+
+void Checker::sizes(const char* what,
+                    std::initializer_list<std::pair<const char*, int64_t>> factors) const {
+  // Every array and workspace of a call is at most a product of these factors; bounding
+  // them by 2^59 elements keeps byte counts (8-byte elements) and their sums in int64.
+  constexpr int64_t kMax = int64_t(1) << 59;
+  int64_t n = 1;
+  bool zero = false, overflow = false;
+  for (const auto& f : factors) {
+    zero = zero || f.second == 0;
+    overflow = overflow || __builtin_mul_overflow(n, f.second, &n) || n > kMax;
+  }
+  if (zero || !overflow) return;
+  std::string names, values;
+  for (const auto& f : factors) {
+    names += std::string(names.empty() ? "" : "*") + f.first;
+    values += (values.empty() ? "" : "*") + std::to_string(f.second);
+  }
+  value_error(std::string(what) + " would have " + names + " = " + values +
+              " elements, more than 2^59: the sizes are too large");
 }
 
 namespace {
@@ -120,6 +148,14 @@ void validate_common(Checker& c, Problem& p, const In& in, bool bidirectional) {
                     shape_to_string(m.shape));
   }
   p.dtype = c.dtype_value();
+  // The largest arrays of a call (outputs, training state, projected input, weights and
+  // their gradients); each must have an element count that byte arithmetic can hold.
+  c.sizes("the state output", {{"T", p.T}, {"N", p.N}, {"D", p.D}, {"H", p.H}});
+  c.sizes("the projected input", {{"T", p.T}, {"N", p.N}, {"D", p.D}, {"G", p.G}, {"H", p.H}});
+  c.sizes("recurrent_weight", {{"D", p.D}, {"G", p.G}, {"H", p.H}, {"H", p.H}});
+  c.sizes("input_weight", {{"D", p.D}, {"G", p.G}, {"H", p.H}, {"I", p.I}});
+  c.sizes("source", {{"T", p.T}, {"N", p.N}, {"I", p.I}});
+  c.sizes("z_state", {{"T", p.T}, {"N", p.N}, {"D", p.D}, {"ZG", p.ZG}, {"H", p.H}});
 }
 
 Problem validate_inputs(Checker& c, const RNNInputs& in, const RNNDescriptor& d) {

@@ -2,8 +2,10 @@
 // here, before any work, with messages naming the op, the argument and both shapes.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/problem.hpp"
 #include "rnncore/error.hpp"
@@ -24,6 +26,9 @@ class Checker {
              const char* meaning = nullptr) const;
   void rank(const char* name, const TensorView& v, int64_t rank, const char* meaning) const;
   void activation(const char* field, Activation a) const;
+  // Refuses a product of sizes (named factors) too large for 64-bit byte arithmetic.
+  void sizes(const char* what,
+             std::initializer_list<std::pair<const char*, int64_t>> factors) const;
   DType dtype_value() const { return dtype_; }
 
  private:

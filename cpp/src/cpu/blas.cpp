@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "cpu/thread_pool.hpp"
-#include "rnncore/error.hpp"
 
 #if defined(RNNCORE_BLAS_ACCELERATE)
 #define ACCELERATE_NEW_LAPACK
@@ -27,11 +26,6 @@
 namespace rnncore::cpu {
 namespace {
 
-int blas_int(int64_t v) {
-  if (v > INT_MAX) throw ValueError("[blas] a matrix dimension exceeds the 32-bit BLAS limit");
-  return static_cast<int>(v);
-}
-
 template <class T>
 void scale(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i) {
@@ -43,6 +37,57 @@ void scale(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
   }
 }
 
+void blas_call(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  RNNCORE_CBLAS(sgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+   lda, B, ldb, beta, C, ldc);
+}
+
+void blas_call(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,
+               const double* B, int ldb, double beta, double* C, int ldc) {
+  RNNCORE_CBLAS(dgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+   lda, B, ldb, beta, C, ldc);
+}
+
+// A BLAS call with every size and leading dimension below 2^31 (the BLAS takes 32-bit
+// ints). Larger problems are halved along the offending axis: K (accumulating with beta =
+// 1 after the first half), or the rows of the operand whose leading dimension is too long
+// (a single row needs no leading dimension). Splitting changes nothing at BLAS sizes.
+template <class T>
+void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+              const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  constexpr int64_t kMax = INT_MAX;
+  // Rows of A, B and C as stored, and the axis of the product each runs along.
+  const int64_t a_rows = ta ? K : M, b_rows = tb ? N : K;
+  const auto fits = [&](int64_t ld, int64_t rows) { return ld <= kMax || rows == 1; };
+  if (K > kMax || (!fits(lda, a_rows) && ta) || (!fits(ldb, b_rows) && !tb)) {
+    const int64_t k = K / 2;
+    gemm_any(ta, tb, M, N, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N, K - k, alpha, ta ? A + k * lda : A + k, lda, tb ? B + k : B + k * ldb,
+             ldb, T(1), C, ldc);
+    return;
+  }
+  if (M > kMax || (!fits(lda, a_rows) && !ta) || !fits(ldc, M)) {
+    const int64_t m = M / 2;
+    gemm_any(ta, tb, m, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M - m, N, K, alpha, ta ? A + m : A + m * lda, lda, B, ldb, beta, C + m * ldc,
+             ldc);
+    return;
+  }
+  if (N > kMax || (!fits(ldb, b_rows) && tb)) {
+    const int64_t n = N / 2;
+    gemm_any(ta, tb, M, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_any(ta, tb, M, N - n, K, alpha, A, lda, tb ? B + n * ldb : B + n, ldb, beta, C + n, ldc);
+    return;
+  }
+  // A single stored row may report its own length as its leading dimension.
+  const auto ld = [&](int64_t v, int64_t cols) { return static_cast<int>(v <= kMax ? v : cols); };
+  blas_call(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+            ld(lda, ta ? M : K), B, ld(ldb, tb ? K : N), beta, C, ld(ldc, N));
+}
+
 }  // namespace
 
 template <>
@@ -50,9 +95,7 @@ void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
-  RNNCORE_CBLAS(sgemm)
-  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(M),
-   blas_int(N), blas_int(K), alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+  gemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <>
@@ -60,9 +103,7 @@ void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
                   int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
-  RNNCORE_CBLAS(dgemm)
-  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(M),
-   blas_int(N), blas_int(K), alpha, A, blas_int(lda), B, blas_int(ldb), beta, C, blas_int(ldc));
+  gemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>

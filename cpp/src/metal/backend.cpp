@@ -19,6 +19,7 @@ class MetalBackend final : public detail::Backend {
   const char* dtypes() const override { return "float32 and float16"; }
   bool computes(DType d) const override { return d == DType::Float32 || d == DType::Float16; }
   bool runs_whole_ops() const override { return true; }
+  void admit(const Problem& p, bool gradients) const override { check_extents(p, gradients); }
 
   Tensor allocate(const Shape& shape, DType dtype) override {
     return executor_.allocate(shape, dtype);

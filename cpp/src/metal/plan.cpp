@@ -191,15 +191,23 @@ Dispatch column_sums(const Plan& plan, DType dtype, Operand a, Operand scale, Op
   return d;
 }
 
-void check_extents(const char* op, std::initializer_list<std::pair<const char*, int64_t>> list) {
-  for (const auto& [what, elements] : list)
+}  // namespace
+
+void check_extents(const Problem& p, bool gradients) {
+  const int64_t TN = p.T * p.N, DGH = p.D * p.G * p.H, K = p.has_input_weight ? p.I : DGH;
+  const std::string op = std::string(detail::op_name(p.op)) + (gradients ? "_gradients" : "");
+  const std::pair<const char*, int64_t> extents[] = {
+      {"source", TN * K},
+      {gradients ? "the projected-input gradient" : "the projected input", TN * DGH},
+      {"recurrent_weight", DGH * p.H},
+      {"input_weight", DGH * K},
+      {"z_state", TN * p.D * p.ZG * p.H}};
+  for (const auto& [what, elements] : extents)
     if (elements > kMaxElements)
-      throw ValueError(std::string("[") + op + "] device 'metal': " + what + " would have " +
+      throw ValueError("[" + op + "] device 'metal': " + what + " would have " +
                        std::to_string(elements) + " elements; the Metal kernels index at most " +
                        std::to_string(kMaxElements) + " (use device='cpu')");
 }
-
-}  // namespace
 
 Plan plan_forward(const Problem& p, const MaskShape& mask) {
   const int64_t T = p.T, N = p.N, H = p.H, D = p.D, G = p.G, DH = D * H, DGH = D * G * H;
@@ -207,13 +215,8 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   const bool project = p.has_input_weight || p.has_bias;
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
   const bool reset_before = gru && !p.reset_after;
-  const char* op = detail::op_name(p.op);
 
-  check_extents(op, {{"source", T * N * K},
-                     {"the projected input", T * N * DGH},
-                     {"recurrent_weight", DGH * H},
-                     {"input_weight", DGH * K},
-                     {"z_state", T * N * D * p.ZG * H}});
+  check_extents(p, false);
 
   Plan plan;
   plan.element_size = dtype_size(p.dtype);
@@ -338,12 +341,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
   const bool reset_before = gru && !p.reset_after, reset_after = gru && p.reset_after;
   const bool peephole = lstm && p.has_peephole, init_cell = lstm && p.has_init_cell;
-  const char* op = detail::op_name(p.op);
-  check_extents(op, {{"source", TN * K},
-                     {"the projected-input gradient", TN * DGH},
-                     {"recurrent_weight", DGH * H},
-                     {"input_weight", DGH * K},
-                     {"z_state", TN * D * p.ZG * H}});
+  check_extents(p, true);
 
   Plan plan;
   plan.element_size = dtype_size(p.dtype);
