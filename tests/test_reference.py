@@ -14,12 +14,14 @@ independent references:
 Descriptors are plain namespaces: the reference reads any object's attributes.
 """
 
+import copy
 import itertools
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import rnncore
 from rnncore import reference
 
 try:
@@ -824,6 +826,141 @@ def test_zero_batch(kind):
     assert grads.source.shape == (T, 0, I)
     assert not grads.recurrent_weight.any() and not grads.input_weight.any()
     assert grads.init_state.shape == (0, 2 * H)
+
+
+# Every combination of zero sizes (T, N, I, H; and no input weight), checked against the
+# compiled CPU backend, which handles them. I = 0 and H = 0 used to break the reference's
+# gradients ("cannot reshape array of size 0").
+ZERO_SIZES = [
+    (T, N, I, H)
+    for T, N, I, H in itertools.product((0, 2), (0, 3), (0, 2, None), (0, 2))  # noqa: E741
+    if 0 in (T, N, I, H)
+]
+
+
+def zero_size_inputs(rng, kind, T, N, I, H, bidirectional, full):  # noqa: E741
+    """make_inputs with the optional inputs on or off; I=None: no input weight."""
+    with np.errstate(divide="ignore"):  # the 1/sqrt(H), 1/sqrt(I) scales of an empty array
+        return make_inputs(
+            rng,
+            kind,
+            T,
+            N,
+            2 if I is None else I,
+            H,
+            bidirectional,
+            input_weight=I is not None,
+            bias=full,
+            init_state=full,
+            init_cell=full,
+            mask="n1" if full else None,
+            peephole=full,
+            secondary_bias=full,
+        )
+
+
+def compiled_descriptor(kind, **fields):
+    cls = {"rnn": rnncore.RNNDescriptor, "lstm": rnncore.LSTMDescriptor}.get(
+        kind, rnncore.GRUDescriptor
+    )
+    return cls(**fields)
+
+
+def forward_and_gradients(module, kind, d, inputs, cot, **kwargs):
+    """A training forward run of `module` and its gradient op fed with it."""
+    fwd = getattr(module, FORWARD[kind].__name__)
+    bwd = getattr(module, BACKWARD[kind].__name__)
+    dt = copy.copy(d)
+    dt.training = True
+    out = fwd(**inputs, descriptor=dt, **kwargs)
+    rest = {k: v for k, v in inputs.items() if k not in ("source", "recurrent_weight")}
+    extra = {"rnn": (), "lstm": (getattr(out, "cell", None),), "gru": (out.state,)}[kind]
+    optional = {k: v for k, v in cot.items() if k != "source_gradient"}
+    grads = bwd(
+        inputs["source"],
+        inputs["recurrent_weight"],
+        cot["source_gradient"],
+        out.z_state,
+        *extra,
+        **optional,
+        **rest,
+        descriptor=d,
+        **kwargs,
+    )
+    return out, grads
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    ZERO_SIZES,
+    ids=[f"T{t}-N{n}-I{'x' if i is None else i}-H{h}" for t, n, i, h in ZERO_SIZES],
+)
+@pytest.mark.parametrize("kind", list(GATES))
+def test_zero_sizes_match_the_compiled_cpu_backend(kind, sizes):
+    T, N, I, H = sizes  # noqa: E741
+    for bidirectional, reverse, full, cell_form in itertools.product(
+        (False, True), (False, True), (False, True), ("final", "steps")
+    ):
+        if kind != "lstm" and cell_form == "steps":
+            continue
+        what = f"{kind} T={T} N={N} I={I} H={H} bi={bidirectional} rev={reverse} full={full}"
+        rng = np.random.default_rng(16)
+        inputs = zero_size_inputs(rng, kind, T, N, I, H, bidirectional, full)
+        fields = {"bidirectional": bidirectional, "reverse": reverse}
+        if kind == "gru":
+            fields["reset_after"] = full
+        if kind == "lstm":
+            fields["produce_cell"] = True
+        d = compiled_descriptor(kind, **fields)
+        cot = make_cotangents(
+            rng,
+            kind,
+            T,
+            N,
+            H,
+            bidirectional,
+            state_gradient=full,
+            cell_gradient=cell_form if kind == "lstm" else None,
+        )
+        ref_out, ref_grads = forward_and_gradients(reference, kind, d, inputs, cot)
+        out, grads = forward_and_gradients(rnncore, kind, d, inputs, cot, device="cpu")
+        for field, a, e in [
+            *zip(ref_out._fields, out, ref_out),
+            *zip(ref_grads._fields, grads, ref_grads),
+        ]:
+            assert (a is None) == (e is None), f"{what}: {field}"
+            if e is not None:
+                assert a.shape == e.shape, f"{what}: {field} {a.shape} != {e.shape}"
+                np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12, err_msg=what)
+        # Gradients come back in the shape of their inputs, None for inputs not given.
+        for field in ref_grads._fields:
+            g = getattr(ref_grads, field)
+            assert (g is None) == (field not in inputs), f"{what}: d{field}"
+            if g is not None:
+                assert g.shape == np.shape(inputs[field]), f"{what}: d{field}"
+
+
+@pytest.mark.parametrize("kind", list(GATES))
+def test_zero_input_features_project_to_the_bias(kind):
+    """I = 0: x' = source · Wᵀ is zero, so x' = bias; dW is [D·G·H, 0], dsource [T, N, 0]."""
+    T, N, H = 3, 2, 2  # noqa: E741
+    rng = np.random.default_rng(17)
+    inputs = zero_size_inputs(rng, kind, T, N, 0, H, True, True)
+    no_w = {k: v for k, v in inputs.items() if k != "input_weight"}
+    no_w["source"] = np.broadcast_to(inputs["bias"], (T, N, inputs["bias"].size)).copy()
+    no_w["bias"] = np.zeros_like(inputs["bias"])
+    d = desc(bidirectional=True, training=True)
+    a = FORWARD[kind](**inputs, descriptor=d)
+    b = FORWARD[kind](**no_w, descriptor=d)
+    np.testing.assert_allclose(a.state, b.state, rtol=1e-14, atol=1e-15)
+    cot = make_cotangents(rng, kind, T, N, H, True, state_gradient=True, cell_gradient="final")
+    grads = reference_gradients(kind, desc(bidirectional=True), inputs, cot)
+    same = reference_gradients(kind, desc(bidirectional=True), no_w, cot)
+    assert grads.source.shape == (T, N, 0)
+    assert grads.input_weight.shape == inputs["input_weight"].shape == (2 * GATES[kind] * H, 0)
+    np.testing.assert_allclose(grads.recurrent_weight, same.recurrent_weight, rtol=1e-13)
+    np.testing.assert_allclose(grads.bias, same.source.sum(axis=(0, 1)), rtol=1e-13)
+    np.testing.assert_allclose(grads.init_state, same.init_state, rtol=1e-13)
 
 
 # --------------------------------------------------------------------------------------

@@ -334,8 +334,10 @@ class _Layer:
         dsource = dx if self.W is None else dx @ self.W
         dW = dbias = None
         if self.W is not None:
-            flat_dx = dx.reshape(-1, dx.shape[-1])
-            dW = flat_dx.T @ self.source.reshape(-1, self.source.shape[-1])
+            # Explicit row counts: reshape(-1, 0) is ambiguous when I or H is 0.
+            rows = self.T * self.N
+            flat_dx = dx.reshape(rows, dx.shape[-1])
+            dW = flat_dx.T @ self.source.reshape(rows, self.source.shape[-1])
         if self.bias is not None:
             dbias = dx.sum(axis=(0, 1)).reshape(self.bias.shape)
         return dsource, dW, dbias
