@@ -1,8 +1,11 @@
 // The metal-cpp executor: runs plans on the system's Apple GPU. This is the one translation
 // unit that defines metal-cpp's private implementation (its class and selector tables).
+// cmake/metal.cmake makes every metal-cpp symbol of this object local to it
+// (cmake/private_symbols.cmake), so a C++ application that defines the same tables for its
+// own metal-cpp links with rnncore without a clash; hidden visibility keeps them out of
+// _core.so's exports as well.
 #define NS_PRIVATE_IMPLEMENTATION
 #define MTL_PRIVATE_IMPLEMENTATION
-// Keeps metal-cpp's tables out of the symbols exported by _core.so and consumers' binaries.
 #define METALCPP_SYMBOL_VISIBILITY_HIDDEN
 #include <dispatch/dispatch.h>
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "metal/apple_rules.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 
@@ -30,13 +34,6 @@ extern "C" const unsigned long long rnncore_metallib_size;
 namespace rnncore::metal {
 
 namespace {
-
-// Caller arrays at least this large are wrapped in place instead of copied.
-constexpr uint64_t kWrapMinBytes = 64 * 1024;
-
-DeviceError no_gpu() {
-  return DeviceError("[device] 'metal' is not available: no Metal GPU was found on this machine");
-}
 
 // metal-cpp hands out autoreleased objects (strings, errors, command buffers); a pool per
 // entry point frees them even when we leave by an exception.
@@ -59,6 +56,58 @@ std::string describe(const NS::Error* error) {
 
 NS::String* ns_string(const std::string& s) {
   return NS::String::string(s.c_str(), NS::UTF8StringEncoding);
+}
+
+constexpr const char* kNoGpu =
+    "[device] 'metal' is not available: no Metal GPU was found on this machine";
+
+std::string gpu_name(const MTL::Device* device) {
+  const NS::String* name = device->name();
+  const char* utf8 = name ? name->utf8String() : nullptr;
+  return utf8 ? utf8 : "unnamed GPU";
+}
+
+// The GPU to run on (retained), or null. MTLCreateSystemDefaultDevice() can return nil in a
+// command-line process (python) although a GPU is present; then the first GPU of
+// MTLCopyAllDevices() that rnncore's kernels accept, else the first GPU.
+MTL::Device* copy_device() {
+  if (MTL::Device* device = MTL::CreateSystemDefaultDevice()) return device;
+  NS::Array* all = MTL::CopyAllDevices();
+  if (!all) return nullptr;
+  MTL::Device* chosen = nullptr;
+  for (NS::UInteger i = 0; i < all->count(); ++i) {
+    MTL::Device* device = all->object<MTL::Device>(i);
+    if (!chosen || (device->supportsFamily(MTL::GPUFamilyApple7) &&
+                    !chosen->supportsFamily(MTL::GPUFamilyApple7)))
+      chosen = device;
+  }
+  if (chosen) chosen->retain();
+  all->release();
+  return chosen;
+}
+
+// Whether this machine has a GPU the kernels run on, and if not, why: what devices() and
+// apple_executor() report.
+struct Probe {
+  bool usable = false;
+  std::string refusal;
+};
+
+const Probe& probe() {
+  static const Probe result = [] {
+    ScopedPool pool;
+    Probe p;
+    MTL::Device* device = copy_device();
+    if (!device) {
+      p.refusal = kNoGpu;
+      return p;
+    }
+    p.refusal = apple::gpu_refusal(gpu_name(device), device->supportsFamily(MTL::GPUFamilyApple7));
+    p.usable = p.refusal.empty();
+    device->release();
+    return p;
+  }();
+  return result;
 }
 
 // The embedded metallib, or the file named by RNNCORE_METALLIB (for kernel development).
@@ -93,8 +142,12 @@ class AppleExecutor final : public Executor {
  public:
   AppleExecutor() : page_size_(static_cast<uint64_t>(sysconf(_SC_PAGESIZE))) {
     ScopedPool pool;
-    device_ = NS::TransferPtr(MTL::CreateSystemDefaultDevice());
-    if (!device_) throw no_gpu();
+    device_ = NS::TransferPtr(copy_device());
+    if (!device_) throw DeviceError(kNoGpu);
+    gpu_ = gpu_name(device_.get());
+    const std::string refusal =
+        apple::gpu_refusal(gpu_, device_->supportsFamily(MTL::GPUFamilyApple7));
+    if (!refusal.empty()) throw DeviceError(refusal);
     library_ = load_library(device_.get());
     queue_ = NS::TransferPtr(device_->newCommandQueue());
     if (!queue_) throw DeviceError("[metal] could not create a Metal command queue");
@@ -138,14 +191,15 @@ class AppleExecutor final : public Executor {
     for (int i = 0; i < kBufferCount; ++i) {
       const int64_t size = plan.sizes[i];
       if (size > 0)
-        bound[i] =
-            bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), arrays[i], plan.writes[i]);
+        bound[i] = bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), element_size(plan, i),
+                        arrays[i], plan.writes[i]);
     }
     std::vector<MTL::ComputePipelineState*> pipelines;
     pipelines.reserve(plan.dispatches.size());
     for (const Dispatch& d : plan.dispatches) {
       MTL::ComputePipelineState* pipeline = pipeline_for(d);
       check_dispatch(d, pipeline);
+      check_offsets(plan, d, bound);
       pipelines.push_back(pipeline);
     }
 
@@ -159,10 +213,14 @@ class AppleExecutor final : public Executor {
       const Dispatch& d = plan.dispatches[k];
       encoder->setComputePipelineState(pipelines[k]);
       for (const Binding& b : d.buffers) {
-        // An empty array (size 0) is bound but never read: the placeholder stands in.
+        // An empty array (size 0) is bound but never read: the placeholder stands in at offset
+        // 0 (an offset into an empty array may exceed the placeholder's length), whatever
+        // (non-null dummy) pointer the caller gave for it.
         const Bound& x = bound[static_cast<int>(b.buffer)];
-        MTL::Buffer* buffer = x.buffer ? x.buffer.get() : placeholder_.get();
-        encoder->setBuffer(buffer, x.offset + static_cast<uint64_t>(b.offset), b.index);
+        if (x.buffer)
+          encoder->setBuffer(x.buffer.get(), x.offset + static_cast<uint64_t>(b.offset), b.index);
+        else
+          encoder->setBuffer(placeholder_.get(), 0, b.index);
       }
       for (const BytesArg& a : d.bytes) encoder->setBytes(a.data.data(), a.data.size(), a.index);
       if (d.threadgroup_memory > 0)
@@ -188,6 +246,12 @@ class AppleExecutor final : public Executor {
   // setThreadgroupMemoryLength takes multiples of 16 bytes.
   static uint64_t threadgroup_length(uint32_t bytes) { return (uint64_t{bytes} + 15) / 16 * 16; }
 
+  static uint64_t element_size(const Plan& plan, int buffer) {
+    const int64_t size =
+        plan.element_sizes[buffer] > 0 ? plan.element_sizes[buffer] : plan.element_size;
+    return static_cast<uint64_t>(size);
+  }
+
   void forget(void* contents) {
     std::lock_guard<std::mutex> lock(allocations_mutex_);
     allocations_.erase(reinterpret_cast<uintptr_t>(contents));
@@ -205,17 +269,18 @@ class AppleExecutor final : public Executor {
     return NS::RetainPtr(it->second.buffer);
   }
 
-  // Caller memory (numpy): large arrays are wrapped over their page-rounded span without a
-  // copy; small ones, or ones Metal will not wrap, are copied into a new shared buffer.
-  NS::SharedPtr<MTL::Buffer> wrap_input(const void* p, uint64_t size, uint64_t* offset) {
-    if (size >= kWrapMinBytes) {
-      const auto a = reinterpret_cast<uintptr_t>(p);
-      const uintptr_t begin = a / page_size_ * page_size_;
-      const uintptr_t end = (a + size + page_size_ - 1) / page_size_ * page_size_;
-      MTL::Buffer* wrapped = device_->newBuffer(reinterpret_cast<const void*>(begin), end - begin,
-                                                MTL::ResourceStorageModeShared, nullptr);
+  // Caller memory (numpy): large arrays aligned to their element size are wrapped over their
+  // page-rounded span without a copy; the rest (small, misaligned, or refused by Metal) are
+  // copied into a new shared buffer (apple::bind_host_memory decides).
+  NS::SharedPtr<MTL::Buffer> wrap_input(const void* p, uint64_t size, uint64_t element,
+                                        uint64_t* offset) {
+    const apple::HostBinding how = apple::bind_host_memory(p, size, element, page_size_);
+    if (how.kind == apple::HostBinding::Kind::Wrap) {
+      MTL::Buffer* wrapped =
+          device_->newBuffer(reinterpret_cast<const void*>(how.begin), how.length,
+                             MTL::ResourceStorageModeShared, nullptr);
       if (wrapped) {
-        *offset = a - begin;
+        *offset = how.offset;
         return NS::TransferPtr(wrapped);
       }
     }
@@ -223,8 +288,11 @@ class AppleExecutor final : public Executor {
     return NS::TransferPtr(device_->newBuffer(p, size, MTL::ResourceStorageModeShared));
   }
 
-  Bound bind(Buffer b, uint64_t size, const void* host, bool written) {
+  // size > 0: an empty array is never bound (the placeholder stands in), so neither a
+  // zero-length buffer nor a copy from its dummy pointer is ever asked of Metal.
+  Bound bind(Buffer b, uint64_t size, uint64_t element, const void* host, bool written) {
     Bound r;
+    if (size == 0) return r;
     if (is_workspace(b)) {
       // Only the GPU touches workspace.
       r.buffer = NS::TransferPtr(device_->newBuffer(size, MTL::ResourceStorageModePrivate));
@@ -238,7 +306,7 @@ class AppleExecutor final : public Executor {
         if (written)
           throw DeviceError(std::string("[metal] output ") + buffer_name(b) +
                             " is not memory from Executor::allocate");
-        r.buffer = wrap_input(host, size, &r.offset);
+        r.buffer = wrap_input(host, size, element, &r.offset);
       }
     }
     if (!r.buffer)
@@ -280,6 +348,12 @@ class AppleExecutor final : public Executor {
     if (!pipeline)
       throw DeviceError("[metal] could not build the pipeline for kernel '" + d.kernel +
                         "': " + describe(error));
+    const std::string refusal =
+        apple::simd_width_refusal(d.kernel, gpu_, pipeline->threadExecutionWidth());
+    if (!refusal.empty()) {
+      pipeline->release();
+      throw DeviceError(refusal);
+    }
     pipelines_.emplace(key, pipeline);  // owned by the cache for the life of the process
     return pipeline;
   }
@@ -299,7 +373,25 @@ class AppleExecutor final : public Executor {
                         std::to_string(max_threadgroup_memory_));
   }
 
+  // Metal binds a buffer at an offset aligned to the element type the kernel reads; wrapped
+  // arrays and allocate() buffers start aligned and the plan's offsets are whole elements, so
+  // this only fails if one of those promises is broken (before anything is encoded).
+  static void check_offsets(const Plan& plan, const Dispatch& d,
+                            const std::array<Bound, kBufferCount>& bound) {
+    for (const Binding& b : d.buffers) {
+      const int i = static_cast<int>(b.buffer);
+      if (!bound[i].buffer) continue;
+      const uint64_t offset = bound[i].offset + static_cast<uint64_t>(b.offset);
+      if (offset % element_size(plan, i) != 0)
+        throw DeviceError("[metal] kernel '" + d.kernel + "' would bind " + buffer_name(b.buffer) +
+                          " at byte offset " + std::to_string(offset) +
+                          ", which is not a multiple of its element size " +
+                          std::to_string(element_size(plan, i)));
+    }
+  }
+
   NS::SharedPtr<MTL::Device> device_;
+  std::string gpu_;
   NS::SharedPtr<MTL::Library> library_;
   NS::SharedPtr<MTL::CommandQueue> queue_;
   NS::SharedPtr<MTL::Buffer> placeholder_;
@@ -317,19 +409,10 @@ class AppleExecutor final : public Executor {
 
 }  // namespace
 
-bool apple_gpu_available() {
-  static const bool available = [] {
-    ScopedPool pool;
-    MTL::Device* device = MTL::CreateSystemDefaultDevice();
-    const bool found = device != nullptr;
-    if (found) device->release();
-    return found;
-  }();
-  return available;
-}
+bool apple_gpu_available() { return probe().usable; }
 
 Executor& apple_executor() {
-  if (!apple_gpu_available()) throw no_gpu();
+  if (!probe().usable) throw DeviceError(probe().refusal);
   // Never destroyed: Tensors from allocate() may be released after static destructors run
   // (at interpreter exit) and their deleters use the executor. A throwing constructor
   // leaves the static uninitialised, so the next call tries again.
