@@ -1,9 +1,89 @@
-# The Metal backend (Apple only; see shared/design/architecture.md, "Metal backend"):
+# The Metal backend (Apple silicon only; see shared/design/architecture.md, "Metal backend"):
 # metal-cpp, the kernels compiled into one rnncore.metallib embedded in the library, and the
-# metal-cpp executor. Included by CMakeLists.txt when the Metal backend is enabled.
-include(FetchContent)
+# metal-cpp executor. Included by CMakeLists.txt, which calls rnncore_metal_enabled() to decide
+# and rnncore_add_metal() to build it. tests/apple_host exercises both on Linux, with a
+# stand-in xcrun and stand-ins for the SDK headers.
 
+set(RNNCORE_METAL_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+# How to get the Metal compiler: said by the AUTO warning, the ON error and, in a library
+# built without it, by the DeviceError for device 'metal' (cpp/src/metal/unavailable.cpp).
+# (No semicolons: it becomes a compile definition.)
+string(CONCAT RNNCORE_METAL_COMPILER_HELP
+  "install Xcode (the Command Line Tools alone have no Metal compiler), select it with "
+  "sudo xcode-select -s /Applications/Xcode.app and, with Xcode 26 or later, download its "
+  "Metal toolchain with xcodebuild -downloadComponent MetalToolchain. Check that "
+  "xcrun -sdk macosx metal --version runs, then reinstall rnncore "
+  "(pip install --no-cache-dir --force-reinstall .)")
+
+# Whether the Metal backend is built. Sets <out> to TRUE or FALSE and <reason_out> to why it
+# is off ("" when on), in the caller's scope.
+#   mode   RNNCORE_METAL: AUTO (on for Apple when the Metal compiler runs), ON, OFF
+#   apple  whether the target is Apple
+# The Metal compiler must run: `xcrun -sdk macosx metal --version`. (Since Xcode 26 the
+# compiler is a separately downloaded component and `xcrun -f metal` finds a stub without it,
+# so finding the tool proves nothing.) Without it AUTO builds the CPU-only library with a
+# warning that says how to get the compiler; only ON stops. RNNCORE_XCRUN names the xcrun to
+# use (found on PATH when unset).
+function(rnncore_metal_enabled mode apple out reason_out)
+  string(TOUPPER "${mode}" mode)
+  if(mode STREQUAL "AUTO")
+    if(NOT apple)
+      set(${out} FALSE PARENT_SCOPE)
+      set(${reason_out} "" PARENT_SCOPE)  # the default: Metal is for Apple silicon Macs
+      return()
+    endif()
+    set(required FALSE)
+  elseif(mode)
+    set(required TRUE)
+  else()
+    set(${out} FALSE PARENT_SCOPE)
+    set(${reason_out} "it was configured with RNNCORE_METAL=OFF" PARENT_SCOPE)
+    return()
+  endif()
+
+  if(NOT RNNCORE_XCRUN)
+    find_program(RNNCORE_XCRUN xcrun)
+  endif()
+  set(problem "")
+  if(NOT RNNCORE_XCRUN)
+    set(problem "xcrun was not found")
+  else()
+    execute_process(COMMAND ${RNNCORE_XCRUN} -sdk macosx metal --version
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE version ERROR_VARIABLE error
+                    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE)
+    if(NOT rc EQUAL 0)
+      string(REGEX REPLACE "\n.*" "" error "${error}")
+      set(problem "`xcrun -sdk macosx metal --version` failed (${rc}): ${error}")
+    else()
+      string(REGEX REPLACE "\n.*" "" version "${version}")
+      message(STATUS "rnncore: Metal compiler: ${version}")
+    endif()
+  endif()
+
+  if(problem STREQUAL "")
+    set(${out} TRUE PARENT_SCOPE)
+    set(${reason_out} "" PARENT_SCOPE)
+  elseif(required)
+    message(FATAL_ERROR "RNNCORE_METAL=ON but the Metal compiler does not run: ${problem}. "
+                        "To build the Metal backend, ${RNNCORE_METAL_COMPILER_HELP}. Or configure "
+                        "with RNNCORE_METAL=AUTO or OFF to build without it.")
+  else()
+    message(WARNING "rnncore: building WITHOUT the Metal backend (CPU only): the Metal compiler "
+                    "does not run: ${problem}. rnncore.devices() will not list 'metal'. To get "
+                    "the Metal backend, ${RNNCORE_METAL_COMPILER_HELP}. Configure with "
+                    "RNNCORE_METAL=OFF to build the CPU-only library without this warning, or ON "
+                    "to make a missing Metal compiler an error.")
+    set(${out} FALSE PARENT_SCOPE)
+    set(${reason_out} "it was built without the Metal compiler; to get it, "
+                      "${RNNCORE_METAL_COMPILER_HELP}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Adds the Metal backend to <target>: the kernels (.metal -> .air -> rnncore.metallib,
+# embedded), the metal-cpp executor, the frameworks.
 function(rnncore_add_metal target)
+  include(FetchContent)
   # metal-cpp is header-only. Pinned to the commit of the tag
   # release/metal-cpp_macOS26.4_iOS26.4; offline builds can point
   # FETCHCONTENT_SOURCE_DIR_METAL_CPP at a checkout of it.
@@ -11,17 +91,9 @@ function(rnncore_add_metal target)
     GIT_REPOSITORY https://github.com/apple/metal-cpp.git
     GIT_TAG c595afef4a5dc388f4047cd0c69f9e7f9468d9ed)
   FetchContent_MakeAvailable(metal_cpp)
-  # SYSTEM: metal-cpp's headers are not -Wpedantic clean, and tests build with -Werror.
-  target_include_directories(${target} SYSTEM PRIVATE ${metal_cpp_SOURCE_DIR})
 
   # ---- Kernels: every .metal file -> .air -> rnncore.metallib --------------------------------
-  find_program(RNNCORE_XCRUN xcrun REQUIRED)
-  execute_process(COMMAND ${RNNCORE_XCRUN} -sdk macosx -f metal
-                  RESULT_VARIABLE metal_rc OUTPUT_QUIET ERROR_QUIET)
-  if(NOT metal_rc EQUAL 0)
-    message(FATAL_ERROR "The Metal backend needs the Metal compiler (xcrun metal), which comes "
-                        "with Xcode; install it or configure with -DRNNCORE_METAL=OFF")
-  endif()
+  # rnncore_metal_enabled() has checked that the compiler runs.
   # -std=metal3.0 needs macOS 13; an older deployment target still gets a 13.0 library (its
   # load fails cleanly with a DeviceError on older systems).
   set(metal_min_macos 13.0)
@@ -63,21 +135,67 @@ function(rnncore_add_metal target)
   set(embedded ${CMAKE_CURRENT_BINARY_DIR}/rnncore_metallib.cpp)
   add_custom_command(OUTPUT ${embedded}
     COMMAND ${CMAKE_COMMAND} -DINPUT=${metallib} -DOUTPUT=${embedded} -DNAME=rnncore_metallib
-            -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/embed_file.cmake
-    DEPENDS ${metallib} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/embed_file.cmake
+            -P ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
+    DEPENDS ${metallib} ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
     COMMENT "Embedding rnncore.metallib"
     VERBATIM)
 
-  target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cpp/src/metal/apple_executor.cpp
-                                   ${embedded})
+  # ---- Host code: one object whose metal-cpp symbols are all local ------------------------
+  # apple_executor.cpp defines metal-cpp's implementation (NS_/MTL_PRIVATE_IMPLEMENTATION:
+  # ~1,900 class, selector and constant symbols, some of them exported whatever the visibility
+  # macro says). In a static library those would clash with the same definitions in any C++
+  # application that uses metal-cpp itself. So the executor and the embedded metallib are
+  # compiled as usual, combined into one relocatable object, and every global symbol in it
+  # that is not rnncore's is made local (private_symbols.cmake); that object goes into the
+  # library.
+  add_library(rnncore_metal_host OBJECT ${PROJECT_SOURCE_DIR}/cpp/src/metal/apple_executor.cpp
+                                        ${embedded})
+  # SYSTEM: metal-cpp's headers are not -Wpedantic clean, and tests build with -Werror.
+  target_include_directories(rnncore_metal_host SYSTEM PRIVATE ${metal_cpp_SOURCE_DIR})
+  target_include_directories(rnncore_metal_host PRIVATE ${PROJECT_SOURCE_DIR}/cpp/include
+                             ${PROJECT_SOURCE_DIR}/cpp/src ${PROJECT_SOURCE_DIR}/cpp/shaders)
+  target_compile_options(rnncore_metal_host PRIVATE ${RNNCORE_WARNINGS})
+
+  set(link_flags)
+  if(APPLE)
+    set(format MACHO)
+    foreach(arch IN LISTS CMAKE_OSX_ARCHITECTURES)
+      list(APPEND link_flags -arch ${arch})
+    endforeach()
+    if(CMAKE_OSX_DEPLOYMENT_TARGET)
+      list(APPEND link_flags -mmacosx-version-min=${CMAKE_OSX_DEPLOYMENT_TARGET})
+    endif()
+  else()
+    set(format ELF)  # the Linux check of this build (tests/apple_host)
+  endif()
+  string(JOIN "|" link_flags ${link_flags})
+  set(host_object ${CMAKE_CURRENT_BINARY_DIR}/rnncore_metal_host${CMAKE_CXX_OUTPUT_EXTENSION})
+  add_custom_command(OUTPUT ${host_object}
+    COMMAND ${CMAKE_COMMAND} "-DOBJECTS=$<JOIN:$<TARGET_OBJECTS:rnncore_metal_host>,|>"
+            -DOUTPUT=${host_object} -DFORMAT=${format} -DCXX=${CMAKE_CXX_COMPILER}
+            "-DLINK_FLAGS=${link_flags}" -DNM=${CMAKE_NM} -DOBJCOPY=${CMAKE_OBJCOPY}
+            -P ${RNNCORE_METAL_CMAKE_DIR}/private_symbols.cmake
+    DEPENDS rnncore_metal_host $<TARGET_OBJECTS:rnncore_metal_host>
+            ${RNNCORE_METAL_CMAKE_DIR}/private_symbols.cmake
+    COMMENT "Making metal-cpp's symbols local to rnncore"
+    VERBATIM)
+  add_custom_target(rnncore_metal_private DEPENDS ${host_object})
+  add_dependencies(${target} rnncore_metal_private)
+  set_source_files_properties(${host_object} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+  target_sources(${target} PRIVATE ${host_object})
 
   # ---- Frameworks ---------------------------------------------------------------------------
+  # CoreGraphics: without it MTLCreateSystemDefaultDevice() can return nil in a command-line
+  # process (python), whatever GPU the Mac has.
   find_library(RNNCORE_METAL_FRAMEWORK Metal REQUIRED)
   find_library(RNNCORE_FOUNDATION_FRAMEWORK Foundation REQUIRED)
+  find_library(RNNCORE_COREGRAPHICS_FRAMEWORK CoreGraphics REQUIRED)
   target_link_libraries(${target}
     PRIVATE $<BUILD_INTERFACE:${RNNCORE_METAL_FRAMEWORK}>
-            $<BUILD_INTERFACE:${RNNCORE_FOUNDATION_FRAMEWORK}>)
+            $<BUILD_INTERFACE:${RNNCORE_FOUNDATION_FRAMEWORK}>
+            $<BUILD_INTERFACE:${RNNCORE_COREGRAPHICS_FRAMEWORK}>)
   # Consumers of the installed static library link the same frameworks.
   target_link_libraries(${target}
-    INTERFACE "$<INSTALL_INTERFACE:-framework Metal>" "$<INSTALL_INTERFACE:-framework Foundation>")
+    INTERFACE "$<INSTALL_INTERFACE:-framework Metal>" "$<INSTALL_INTERFACE:-framework Foundation>"
+              "$<INSTALL_INTERFACE:-framework CoreGraphics>")
 endfunction()

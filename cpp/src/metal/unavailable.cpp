@@ -1,6 +1,11 @@
-// Stands in for the Metal backend in builds without it (everything but Apple).
+// Stands in for the Metal backend in builds without it: everything but Apple silicon Macs, and
+// Macs whose build found no Metal compiler (RNNCORE_NO_METAL_REASON, from CMakeLists.txt).
 #include "core/backend.hpp"
 #include "rnncore/error.hpp"
+
+#ifndef RNNCORE_NO_METAL_REASON
+#define RNNCORE_NO_METAL_REASON "it is built on macOS with Apple silicon only"
+#endif
 
 namespace rnncore::detail {
 
@@ -9,7 +14,7 @@ bool metal_available() { return false; }
 Backend& metal_backend() {
   throw DeviceError(
       "[device] 'metal' is not available: this build of rnncore has no Metal "
-      "backend (it is built on macOS with Apple silicon only)");
+      "backend (" RNNCORE_NO_METAL_REASON ")");
 }
 
 }  // namespace rnncore::detail
