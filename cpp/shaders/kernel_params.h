@@ -57,7 +57,11 @@ enum ActivationCode : int32_t {
   ACT_HARD_SIGMOID = 4,
 };
 
-// Tile and threadgroup sizes: compile-time in the kernels, read by the plan.
+// Tile and threadgroup sizes: compile-time in the kernels, read by the plan. SIMD_WIDTH is
+// Apple silicon's SIMD-group width, which the step kernels' lane strides and simd_sum
+// reductions assume: the metal-cpp executor refuses a GPU that is not Apple silicon
+// (MTLGPUFamilyApple7) and any pipeline whose threadExecutionWidth differs
+// (cpp/src/metal/apple_rules.hpp), since other widths would silently skip hidden units.
 enum KernelSizes : int32_t {
   SIMD_WIDTH = 32,
   GEMM_TILE_M = 64,  // output rows per threadgroup
