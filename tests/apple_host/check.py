@@ -6,8 +6,10 @@ The metal-cpp executor (cpp/src/metal/apple_executor.cpp) and the "metal" device
 metal-cpp's headers (from the pinned sdist of pymetal-cpp on PyPI, which carries them) and the
 stand-ins for the SDK headers Linux lacks (sdk/, declared as Apple's SDK declares them), with
 the project's warning flags and -Werror; and CMake builds the Metal part of the project with a
-stand-in xcrun (./xcrun) that records its invocations. tests/test_apple_host.py runs the checks
-(negative controls included); this script fetches metal-cpp and runs the compile check alone:
+stand-in xcrun (./xcrun) that records its invocations, and the executor object it builds runs
+against a fake Objective-C runtime and Metal (fake_metal.cpp). tests/test_apple_host.py runs
+the checks (negative controls included); this script fetches metal-cpp and runs the compile
+check alone:
 
     python tests/apple_host/check.py fetch   # download and verify the sdist (cached)
     python tests/apple_host/check.py         # fetch, then compile the two files
