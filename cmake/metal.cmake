@@ -75,8 +75,23 @@ function(rnncore_metal_enabled mode apple out reason_out)
                     "RNNCORE_METAL=OFF to build the CPU-only library without this warning, or ON "
                     "to make a missing Metal compiler an error.")
     set(${out} FALSE PARENT_SCOPE)
-    set(${reason_out} "it was built without the Metal compiler; to get it, "
-                      "${RNNCORE_METAL_COMPILER_HELP}" PARENT_SCOPE)
+    # One string without semicolons: it becomes a compile definition.
+    set(${reason_out}
+        "it was built without the Metal compiler. To get it, ${RNNCORE_METAL_COMPILER_HELP}"
+        PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Adds the stand-in for the Metal backend to <target>, for builds without it: device 'metal'
+# raises a DeviceError naming <reason> (why this build has no Metal backend; "" for the
+# default: Metal is for Apple silicon Macs).
+function(rnncore_add_no_metal target reason)
+  get_filename_component(source ${RNNCORE_METAL_CMAKE_DIR}/../cpp/src/metal/unavailable.cpp
+                         ABSOLUTE)
+  target_sources(${target} PRIVATE ${source})
+  if(reason)
+    set_source_files_properties(${source} PROPERTIES COMPILE_DEFINITIONS
+      "RNNCORE_NO_METAL_REASON=\"${reason}\"")
   endif()
 endfunction()
 

@@ -166,6 +166,43 @@ def test_on_without_the_metal_compiler_fails(tmp_path, machine):
     assert "RNNCORE_METAL=ON but the Metal compiler does not run" in output
 
 
+def test_cpu_only_build_says_why_in_the_library(tmp_path):
+    """The reason AUTO gives reaches the library: rnncore_add_no_metal() compiles
+    unavailable.cpp with it as its DeviceError text (parentheses, quotes of the shell and
+    CMake's list separator all survive), with either generator."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\n"
+        "project(no_metal LANGUAGES CXX)\n"
+        "set(CMAKE_CXX_STANDARD 17)\n"
+        f"include({(ROOT / 'cmake/metal.cmake').as_posix()})\n"
+        f"set(RNNCORE_XCRUN {check.XCRUN.as_posix()})\n"
+        "rnncore_metal_enabled(AUTO TRUE enabled reason)\n"
+        "add_library(no_metal OBJECT)\n"
+        f"target_include_directories(no_metal PRIVATE {(ROOT / 'cpp/include').as_posix()} "
+        f"{(ROOT / 'cpp/src').as_posix()})\n"
+        'rnncore_add_no_metal(no_metal "${reason}")\n'
+    )
+    env = {**os.environ, "RNNCORE_XCRUN_STANDIN": "clt", "RNNCORE_XCRUN_LOG": str(tmp_path / "log")}
+    generators = ["Unix Makefiles"] + (["Ninja"] if shutil.which("ninja") else [])
+    for generator in generators:
+        build = tmp_path / generator.replace(" ", "_")
+        for command in (
+            ["cmake", "-S", str(project), "-B", str(build), "-G", generator],
+            ["cmake", "--build", str(build)],
+        ):
+            run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+            assert run.returncode == 0, run.stdout + run.stderr
+        objects = list(build.rglob("unavailable.cpp.o"))
+        assert len(objects) == 1, objects
+        data = objects[0].read_bytes()
+        assert (
+            b"no Metal backend (it was built without the Metal compiler. To get it, install" in data
+        )
+        assert b"downloadComponent MetalToolchain" in data and b"--force-reinstall .))" in data
+
+
 def test_auto_off_apple_and_off_never_run_xcrun(tmp_path):
     for mode, apple in [("AUTO", "FALSE"), ("OFF", "TRUE")]:
         rc, enabled, output, calls = _metal_enabled(tmp_path, mode, apple, "xcode")
