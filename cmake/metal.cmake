@@ -1,4 +1,4 @@
-# The Metal backend (Apple silicon only; see shared/design/architecture.md, "Metal backend"):
+# The Metal backend (Apple silicon only):
 # metal-cpp, the kernels compiled into one rnncore.metallib embedded in the library, and the
 # metal-cpp executor. Included by CMakeLists.txt, which calls rnncore_metal_enabled() to decide
 # and rnncore_add_metal() to build it. tests/apple_host exercises both on Linux, with a
