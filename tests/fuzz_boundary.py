@@ -343,6 +343,8 @@ def make_container(arg, rng, layout):
         axis = arg.stride0_axis
         first = np.take(a, [0], axis=axis)
         arg.obj = np.broadcast_to(first, a.shape)
+        if not np.array_equal(arg.obj, a, equal_nan=True):  # pragma: no cover
+            raise AssertionError(f"{arg.name} is not constant along axis {axis}")
         arg.tags.append(f"stride0-axis{axis}")
     elif layout in ("strided", "negative", "fortran", "misaligned"):
         maker = {
@@ -428,7 +430,6 @@ class Case:
         self.huge = False
         self.nonfinite = False
         self.args = {}  # name -> Arg (array arguments, in generation order)
-        self.extra_positional = []  # objects appended to the positional arguments
         self.extra_keywords = {}
         self.descriptor_plan = None  # how the descriptor is passed
         self.device_arg = ("omit", None)
@@ -599,6 +600,11 @@ class Case:
         while T * N * 8 >= 2**62:  # numpy's and torch's own limit, for any dtype used
             T = max(T // 2, 1) if T >= N else T
             N = max(N // 2, 1) if N > T else N
+        if T * N * H * 2 < 2**47:
+            # Outputs that a large machine could allocate would be computed for real
+            # (minutes, gigabytes): keep them empty instead. Past 2**47 bytes no
+            # allocation can succeed (the address space), so a MemoryError is certain.
+            H = 0
         self.sizes = (T, N, I, H)
         D = 2 if bi else 1
         shapes = contract_shapes(kind, self.grad, T, N, I, H, bi, reset_after, [], (), "final")
@@ -730,6 +736,8 @@ class Case:
             names = [n for n, a in self.args.items() if a.values is not None and a.values.size]
             if getattr(self, "alias", None):
                 names = [n for n in names if n not in self.alias]
+            # Arrays passed with stride 0 must stay constant along that axis.
+            names = [n for n in names if n not in getattr(self, "stride0", {})]
             if names:
                 name = pick(rng, names)
                 v = self.args[name].values
@@ -898,7 +906,6 @@ class Case:
             for n, v in zip(names[i + 1 :], later):
                 keyword[n] = v
             positional = positional[:i]
-        positional += self.extra_positional
         keyword.update(self.extra_keywords)
         plan = self.descriptor_plan
         if plan == "positional":
@@ -996,9 +1003,16 @@ def rel_err(a, e):
     return num / den if den > 1e-30 else num
 
 
-def reference_result(case):
-    """rnncore.reference's answer on the values rnncore was given (float64)."""
+def reference_result(case, perturb=0.0):
+    """rnncore.reference's answer on the values rnncore was given (float64); with
+    `perturb`, on those values times (1 + perturb * u), u uniform in [-1, 1]."""
     vals = {n: a.values for n, a in case.args.items()}
+    if perturb:
+        rng = np.random.default_rng([GENERATION, case.seed, 2])
+        vals = {
+            n: None if v is None else v * (1 + perturb * rng.uniform(-1, 1, np.shape(v)))
+            for n, v in vals.items()
+        }
     d = types.SimpleNamespace(**case.fields)
     if case.grad:
         fn = getattr(reference, GRADIENT[case.kind])
@@ -1033,6 +1047,9 @@ def check_result(case, result):
     with np.errstate(all="ignore"):
         ref = reference_result(case)
     tol = (GRADIENT_TOL if case.grad else FORWARD_TOL)[dtype]
+    arrays = [np.abs(v) for v in ref if v is not None and np.size(v)]
+    peak = max((float(np.nanmax(a)) for a in arrays), default=0.0)
+    overflow = peak > np.finfo(dtype).max / 2  # the true values do not fit the dtype
     worst = 0.0
     for field in ref._fields:
         got, want = getattr(result, field), getattr(ref, field)
@@ -1062,14 +1079,32 @@ def check_result(case, result):
                 if err > tol:
                     return f"{field}: relative error {err:.2e} > {tol:.0e} on the finite entries"
             continue
+        if overflow:
+            continue  # shapes and dtypes only
         if not np.all(np.isfinite(g)):
             return f"{field} has non-finite values (finite inputs)"
         err = rel_err(g, want)
-        worst = max(worst, err)
         if err > tol:
-            return f"{field}: relative error {err:.2e} > {tol:.0e}"
+            # An ill-conditioned problem (long sequences, expansive activations) amplifies
+            # rounding: allow 30 times the change that rounding the inputs to the dtype
+            # makes in the reference itself. A wrong answer is off by far more.
+            loose = 30 * sensitivity(case, ref, field)
+            if err > loose:
+                return f"{field}: relative error {err:.2e} > {max(tol, loose):.1e}"
+            err = 0.0  # within the problem's own sensitivity
+        worst = max(worst, err)
     case.worst = worst
     return None
+
+
+def sensitivity(case, ref, field):
+    """How much `field` of the reference moves when the inputs move by one rounding
+    error of the case's dtype (cached per case)."""
+    if not hasattr(case, "perturbed"):
+        eps = float(np.finfo(case.dtype).eps)
+        with np.errstate(all="ignore"):
+            case.perturbed = reference_result(case, perturb=eps)
+    return rel_err(getattr(case.perturbed, field), getattr(ref, field))
 
 
 def make_case(seed):
