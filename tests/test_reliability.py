@@ -387,3 +387,19 @@ def test_descriptor_and_thread_settings_refuse_bad_values_by_name():
     assert rnncore.num_threads() == 1
     rnncore.set_num_threads(0)
     assert rnncore.num_threads() == before
+
+
+def test_device_errors_name_the_operation():
+    x, R = np.zeros((1, 1, 3), np.float32), np.zeros((3, 1), np.float32)
+    with pytest.raises(ValueError, match=r"^\[gru\] unknown device ''"):
+        rnncore.gru(x, R, device="")
+    if "metal" not in rnncore.devices():
+        with pytest.raises(RuntimeError, match=r"^\[gru\] 'metal' is not available"):
+            rnncore.gru(x, R, device="metal")
+
+
+def test_out_of_range_activation_message_shows_the_value():
+    with pytest.raises(
+        ValueError, match=r"must be an Activation \(0\.\.4\) but got 18446744073709551616$"
+    ):
+        rnncore.GRUDescriptor(update_gate_activation=2**64)

@@ -139,8 +139,14 @@ Device device_arg(const char* op, nb::handle h) {
   if (!nb::isinstance<nb::str>(h))
     throw TypeError(std::string("[") + op + "] device must be a str or None but got " +
                     type_name_of(h));
+  const std::string name = nb::cast<std::string>(h);
+  // None means the default device; an empty name is a mistake, not another spelling of it.
+  if (name.empty())
+    throw ValueError(std::string("[") + op +
+                     "] unknown device ''; known devices are 'cpu', 'metal' and "
+                     "'metal-emulated' (None for the default)");
   try {
-    return parse_device(nb::cast<std::string>(h));
+    return parse_device(name);
   } catch (const ValueError& e) {
     const std::string msg = e.what();  // "[device] unknown device ..."
     throw ValueError(std::string("[") + op + "]" + msg.substr(msg.find(']') + 1));
@@ -251,10 +257,9 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
     nb::object index = nb::steal(PyNumber_Index(v.ptr()));
     if (!index.is_valid()) throw nb::python_error();
     int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-    if (overflow) x = -1;
-    if (x < 0 || x > 4)
-      throw ValueError(where + " must be an Activation (0..4) but got " + std::to_string(x));
+    const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow || x < 0 || x > 4)
+      throw ValueError(where + " must be an Activation (0..4) but got " + text(index));
     d.*f.act = static_cast<Activation>(x);
     return;
   }

@@ -27,8 +27,16 @@ Backend& backend_for(Device device) {
 // The backend of `device` for problem p, refusing what it cannot compute (api.md: float64
 // on Metal is a TypeError naming both).
 Backend& backend_for(Device device, const Problem& p, bool gradients) {
-  Backend& be = backend_for(device);
   const std::string op = std::string(op_name(p.op)) + (gradients ? "_gradients" : "");
+  Backend* found = nullptr;
+  try {
+    found = &backend_for(device);
+  } catch (const DeviceError& e) {
+    // "[device] 'metal' is not available: ..." as the operation's error.
+    const std::string msg = e.what();
+    throw DeviceError("[" + op + "]" + (msg.rfind("[device]", 0) == 0 ? msg.substr(8) : " " + msg));
+  }
+  Backend& be = *found;
   if (!be.computes(p.dtype))
     throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() + ", not " +
                     dtype_name(p.dtype) + "; " +
