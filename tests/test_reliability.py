@@ -403,3 +403,34 @@ def test_out_of_range_activation_message_shows_the_value():
         ValueError, match=r"must be an Activation \(0\.\.4\) but got 18446744073709551616$"
     ):
         rnncore.GRUDescriptor(update_gate_activation=2**64)
+
+
+@pytest.mark.parametrize("activation", list(rnncore.Activation.__members__.values()))
+def test_nan_in_gives_nan_out_for_every_activation(device, activation):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    x[1, 0, 2] = np.nan
+    R = (0.3 * rng.standard_normal((4, 4))).astype(np.float32)
+    h0 = rng.standard_normal((2, 4)).astype(np.float32)
+    desc = rnncore.RNNDescriptor(activation=activation, training=True)
+    y, z = rnncore.single_gate_rnn(x, R, None, None, h0, descriptor=desc, device=device)
+    ref = reference.single_gate_rnn(x, R, None, None, h0, descriptor=desc)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref.state))
+    assert np.isnan(y[1, 0, 2]) and np.isnan(y[2, 0]).all()  # then through R to every unit
+    compare(np.nan_to_num(y, nan=7.0), np.nan_to_num(ref.state, nan=7.0), np.float32)
+    g = rnncore.single_gate_rnn_gradients(
+        x, R, np.ones_like(y), z, init_state=h0, descriptor=desc, device=device
+    )
+    ref_g = reference.single_gate_rnn_gradients(
+        x, R, np.ones_like(y), ref.z_state, init_state=h0, descriptor=desc
+    )
+    for name in ("source", "recurrent_weight", "init_state"):
+        got, want = getattr(g, name), getattr(ref_g, name)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+    for kind, G in (("lstm", 4), ("gru", 3)):
+        fields = {"lstm": "cell_gate_activation", "gru": "output_gate_activation"}[kind]
+        d = descriptor(kind, **{fields: activation})
+        xs = np.zeros((2, 1, G * 2), np.float32)
+        xs[0, 0, :] = np.nan
+        out = forward(kind, xs, np.zeros((G * 2, 2), np.float32), descriptor=d, device=device)
+        assert np.isnan(out.state).all(), (kind, activation)

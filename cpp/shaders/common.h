@@ -73,13 +73,17 @@ FUNCTION_CONSTANT(int, gate_d, FC_GATE_D)
 // The contract's activation table (float32 math; the logistic without overflow).
 inline float activate(int code, float x) {
   switch (code) {
-    case ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case ACT_RELU: return x > 0.0f ? x : (x <= 0.0f ? 0.0f : x);  // NaN passes
     case ACT_TANH: return tanh(x);
     case ACT_SIGMOID: {
       const float e = exp(-fabs(x));
       return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
     }
-    case ACT_HARD_SIGMOID: return clamp(0.2f * x + 0.5f, 0.0f, 1.0f);
+    case ACT_HARD_SIGMOID: {
+      // Not clamp(): its fmax/fmin would turn NaN into a bound.
+      const float v = 0.2f * x + 0.5f;
+      return v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
+    }
     default: return x;
   }
 }
@@ -88,7 +92,8 @@ inline float activate(int code, float x) {
 // 0.2 on the closed interval |x| <= 2.5).
 inline float2 activate_grad(int code, float x) {
   switch (code) {
-    case ACT_RELU: return x > 0.0f ? float2(x, 1.0f) : float2(0.0f, 0.0f);
+    case ACT_RELU:  // f(NaN) = NaN, f'(NaN) = 0
+      return x > 0.0f ? float2(x, 1.0f) : float2(x <= 0.0f ? 0.0f : x, 0.0f);
     case ACT_TANH: {
       const float t = tanh(x);
       return float2(t, 1.0f - t * t);

@@ -35,7 +35,9 @@ void activate(Activation a, const T* in, T* out, int64_t n) {
         for (int64_t j = 0; j < n; ++j) out[j] = in[j];
       break;
     case Activation::Relu:
-      for (int64_t j = 0; j < n; ++j) out[j] = in[j] > T(0) ? in[j] : T(0);
+      // NaN fails both tests and passes through (NaN in, NaN out).
+      for (int64_t j = 0; j < n; ++j)
+        out[j] = in[j] > T(0) ? in[j] : (in[j] <= T(0) ? T(0) : in[j]);
       break;
     case Activation::Tanh:
       for (int64_t j = 0; j < n; ++j) out[j] = std::tanh(in[j]);
@@ -61,8 +63,9 @@ void activate_grad(Activation a, const T* x, T* f, T* df, int64_t n) {
       break;
     case Activation::Relu:
       for (int64_t j = 0; j < n; ++j) {
+        // f(NaN) = NaN; f'(NaN) = 0 as PyTorch's threshold_backward gives.
         const bool on = x[j] > T(0);
-        f[j] = on ? x[j] : T(0);
+        f[j] = on ? x[j] : (x[j] <= T(0) ? T(0) : x[j]);
         df[j] = on ? T(1) : T(0);
       }
       break;

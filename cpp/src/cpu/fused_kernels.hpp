@@ -108,7 +108,8 @@ struct Fused {  // S: the scalar type
     switch (a) {
       case Activation::None: break;
       case Activation::Relu:
-        for (int w = 0; w < W; ++w) v[w] = v[w] > S(0) ? v[w] : S(0);
+        // NaN fails both tests and passes through (NaN in, NaN out).
+        for (int w = 0; w < W; ++w) v[w] = v[w] > S(0) ? v[w] : (v[w] <= S(0) ? S(0) : v[w]);
         break;
       case Activation::Tanh:
         for (int w = 0; w < W; ++w) v[w] = vmath::tanh(v[w]);
