@@ -1,8 +1,9 @@
 // Kernels that exercise the host emulator itself (tests/cpp/test_emulator.cpp): a correct
 // use of threadgroup memory, the same without its barrier, barriers that some threads skip
 // or reach at different call sites, simdgroup reductions and shuffles over partial
-// simdgroups, a simd operation in divergent control flow, function constants, and arguments at
-// other indices than the tests' host code binds. Valid Metal.
+// simdgroups, a simd operation in divergent control flow, function constants, arguments at
+// other indices than the tests' host code binds, and threadgroups that observe their order.
+// Valid Metal.
 #include "common.h"
 
 #define SELFTEST_PARAMS                                                                  \
@@ -87,4 +88,13 @@ kernel void selftest_swapped_indices(device const float* in [[buffer(1)]],
                                      device float* out [[buffer(0)]],
                                      uint tid [[thread_index_in_threadgroup]]) {
   out[tid] = 2.0f * in[tid];
+}
+
+// Threadgroups of one thread that communicate through device memory, which no kernel may
+// rely on (a race on the GPU): each writes how many threadgroups ran before it,
+// data[1 + g] = data[0]++. On one OS thread that is the order the threadgroups ran in.
+kernel void selftest_group_order(device float* data [[buffer(0)]],
+                                 uint3 tgid [[threadgroup_position_in_grid]]) {
+  data[1 + tgid.x] = data[0];
+  data[0] += 1.0f;
 }

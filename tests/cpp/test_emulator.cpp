@@ -3,14 +3,18 @@
 // at different call sites raise, simd reductions and shuffles respect partial simdgroups
 // (inactive lanes read as NaN), what Metal refuses raises (a function constant or an
 // argument the dispatch does not provide), arguments bind by the indices of the kernel's
-// signature, and the shuffled schedule changes nothing for real kernels.
+// signature, the threadgroup orders are what they say, and neither the shuffled schedule
+// nor the threadgroup order changes anything for real kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cpu/thread_pool.hpp"
 #include "metal/emulator/registry.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
@@ -74,6 +78,11 @@ std::vector<float> iota(size_t n) {
 struct ScheduleEnv {
   explicit ScheduleEnv(const char* value) { setenv("RNNCORE_EMULATOR_SCHEDULE", value, 1); }
   ~ScheduleEnv() { unsetenv("RNNCORE_EMULATOR_SCHEDULE"); }
+};
+
+struct OrderEnv {
+  explicit OrderEnv(const char* value) { setenv("RNNCORE_EMULATOR_ORDER", value, 1); }
+  ~OrderEnv() { unsetenv("RNNCORE_EMULATOR_ORDER"); }
 };
 
 TEST(Emulator, BarrierMakesThreadgroupMemoryVisible) {
@@ -222,8 +231,46 @@ TEST(Emulator, ArgumentsBindAtTheIndicesOfTheSignature) {
   EXPECT_TRUE(contains(error_of(s, out, &in), "binds two arguments at index 1"));
 }
 
-// The library's kernels give bit-identical results in every schedule: no kernel depends on
-// the order threads run in between synchronisation points.
+// RNNCORE_EMULATOR_ORDER: on one OS thread, threadgroups start in grid order, in reverse,
+// or in a permutation drawn from the seed (the same for the same seed).
+TEST(Emulator, ThreadgroupOrders) {
+  auto& pool = rnncore::cpu::ThreadPool::instance();
+  const int threads = pool.max_threads();
+  pool.set_max_threads(1);
+  const size_t n = 16;
+  const auto order = [&](const char* setting) {
+    OrderEnv env(setting);
+    std::vector<float> v(n + 1, 0.0f);
+    Dispatch d = selftest("selftest_group_order", v);
+    d.threads = {1, 1, 1};
+    d.threadgroups = {n, 1, 1};
+    d.threadgroup_memory = 0;
+    run(d, v);
+    EXPECT_EQ(v[0], float(n)) << setting;
+    return std::vector<float>(v.begin() + 1, v.end());
+  };
+  std::vector<float> forward(n), reverse(n);
+  for (size_t g = 0; g < n; ++g) forward[g] = float(g), reverse[g] = float(n - 1 - g);
+  EXPECT_EQ(order("forward"), forward);
+  EXPECT_EQ(order("reverse"), reverse);
+  const std::vector<float> random1 = order("random:1"), random2 = order("random:2");
+  EXPECT_NE(random1, forward);
+  EXPECT_NE(random1, reverse);
+  EXPECT_NE(random1, random2);
+  EXPECT_EQ(order("random:1"), random1);
+  std::vector<float> sorted = random1;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, forward);  // a permutation: every threadgroup ran once
+  pool.set_max_threads(threads);
+
+  OrderEnv bad("sideways");
+  std::vector<float> v = iota(4);
+  EXPECT_THROW(run("selftest_simd_sum", v), rnncore::ValueError);
+}
+
+// The library's kernels give bit-identical results in every schedule and threadgroup order:
+// no kernel depends on the order threads run in between synchronisation points, nor on
+// the order of threadgroups.
 TEST(Emulator, ShuffledScheduleMatchesOrderedForTheKernels) {
   using namespace rnncore;
   const int64_t T = 4, N = 5, I = 6, H = 33;
@@ -242,9 +289,13 @@ TEST(Emulator, ShuffledScheduleMatchesOrderedForTheKernels) {
   in.input_weight = TensorView(W.data(), {2 * 3 * H, I});
   in.bias = TensorView(b.data(), {2 * 3 * H});
   std::vector<std::vector<float>> results;
-  for (const char* schedule : {"ordered", "shuffle:7", "shuffle:8"}) {
+  const std::pair<const char*, const char*> settings[] = {
+      {"ordered", "forward"}, {"shuffle:7", "forward"}, {"shuffle:8", "forward"},
+      {"ordered", "reverse"}, {"ordered", "random:5"},  {"shuffle:9", "random:6"}};
+  for (const auto& [schedule, order] : settings) {
     for (bool reset_after : {false, true}) {
       ScheduleEnv env(schedule);
+      OrderEnv order_env(order);
       desc.reset_after = reset_after;
       const GRUResults r = gru(in, desc, Device::MetalEmulated);
       const float* p = r.state.ptr<float>();

@@ -8,6 +8,10 @@
 //
 // RNNCORE_EMULATOR_SCHEDULE=shuffle[:seed] runs the threads of each threadgroup in a random
 // order each round (default: in order); results must not depend on it.
+// RNNCORE_EMULATOR_ORDER=forward|reverse|random[:seed] is the order the threadgroups of a
+// dispatch start in (default forward: threadgroup (0,0,0), (1,0,0), ...); random draws a
+// permutation per dispatch. The emulator's OS threads take threadgroups from that sequence
+// in turn (one thread: exactly that order). Results must not depend on it either.
 #include "metal/executor.hpp"
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +52,56 @@ Schedule schedule_from_env() {
   s.shuffle = true;
   if (v.size() > 8 && v[7] == ':') s.seed = std::strtoull(v.c_str() + 8, nullptr, 10);
   return s;
+}
+
+enum class GroupOrder { Forward, Reverse, Random };
+struct Order {
+  GroupOrder kind = GroupOrder::Forward;
+  uint64_t seed = 0;
+};
+
+Order order_from_env() {
+  Order o;
+  const char* env = std::getenv("RNNCORE_EMULATOR_ORDER");
+  if (!env || !*env) return o;
+  const std::string v(env);
+  if (v == "forward") return o;
+  if (v == "reverse") {
+    o.kind = GroupOrder::Reverse;
+    return o;
+  }
+  const auto digits = [](const std::string& d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (v == "random" || (v.rfind("random:", 0) == 0 && digits(v.substr(7)))) {
+    o.kind = GroupOrder::Random;
+    if (v.size() > 7) o.seed = std::strtoull(v.c_str() + 7, nullptr, 10);
+    return o;
+  }
+  throw ValueError(
+      "[metal-emulated] RNNCORE_EMULATOR_ORDER must be 'forward', 'reverse' or "
+      "'random[:seed]', not '" +
+      v + "'");
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The linear threadgroup indices of a grid of `groups` in the order they start: forward,
+// reverse, or a permutation drawn from the seed and the dispatch's position in the plan.
+std::vector<uint64_t> group_sequence(const Order& order, uint64_t groups, uint64_t dispatch) {
+  std::vector<uint64_t> seq(groups);
+  std::iota(seq.begin(), seq.end(), uint64_t{0});
+  if (order.kind == GroupOrder::Reverse) std::reverse(seq.begin(), seq.end());
+  if (order.kind == GroupOrder::Random) {
+    uint64_t state = order.seed ^ (0xD1B54A32D192ED03ull * (dispatch + 1));
+    for (uint64_t i = groups; i > 1; --i) std::swap(seq[i - 1], seq[splitmix64(state) % i]);
+  }
+  return seq;
 }
 
 std::string argument_name(const std::string& kernel, const ArgSpec& a) {
@@ -182,25 +237,28 @@ class EmulatorExecutor final : public Executor {
         base[b] = const_cast<void*>(arrays[b]);
       }
     }
-    for (const Dispatch& d : plan.dispatches) {
+    const Order order = order_from_env();
+    for (size_t n = 0; n < plan.dispatches.size(); ++n) {
+      const Dispatch& d = plan.dispatches[n];
       const KernelEntry& kernel = find_kernel(d.kernel);
       const ConstantValues values = constant_values(d);
       const Arguments bound = bind_arguments(d, kernel, values, base);
       const DispatchState state{&values, &d.kernel};
       // Threadgroups are independent (as on the GPU): they run on the CPU backend's
-      // threads, each with its own threadgroup memory.
+      // threads, each with its own threadgroup memory, taking them in turn from the order.
       const Size3 grid = d.threadgroups;
-      const uint64_t groups = grid.volume();
-      const int want = static_cast<int>(std::min<uint64_t>(groups, 64));
+      const std::vector<uint64_t> sequence = group_sequence(order, grid.volume(), n);
+      const int want = static_cast<int>(std::min<uint64_t>(sequence.size(), 64));
       cpu::ThreadPool::instance().run(want, [&](int tid, int team) {
         const DispatchScope scope(&state);
         std::vector<float> tg_memory(d.threadgroup_memory / 4);
         std::vector<void*> mine = bound.args;
         for (size_t i : bound.threadgroup_slots) mine[i] = tg_memory.data();
         GroupContext ctx{kernel.adapter, mine.data()};
-        for (uint64_t g = static_cast<uint64_t>(tid); g < groups;
-             g += static_cast<uint64_t>(team)) {
+        for (size_t pos = static_cast<size_t>(tid); pos < sequence.size();
+             pos += static_cast<size_t>(team)) {
           poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
+          const uint64_t g = sequence[pos];
           const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
                          uint32_t(g / (grid.x * grid.y))};
           run_threadgroup(d.kernel, d.threads, id, schedule, &run_thread, &ctx);
