@@ -1,7 +1,8 @@
 """The "metal-emulated" device itself: how it is listed and chosen, what it refuses, that
-its results (forward and gradients) do not depend on the order the emulator runs GPU
-threads in, and that concurrent calls are safe. (Its numerical results are checked by
-every forward and gradient suite, which run on all devices.)"""
+its results (forward and gradients) depend neither on the order the emulator runs the GPU
+threads of a threadgroup in (RNNCORE_EMULATOR_SCHEDULE) nor on the order threadgroups start
+in (RNNCORE_EMULATOR_ORDER), and that concurrent calls are safe. (Its numerical results are
+checked by every forward and gradient suite, which run on all devices.)"""
 
 import threading
 
@@ -75,6 +76,51 @@ def test_shuffled_schedule_gives_identical_results(name, monkeypatch, rng):
         for a, b in zip(ordered, shuffled):
             if a is not None:
                 np.testing.assert_array_equal(a, b)
+
+
+def forward_and_gradients(name, args, rng):
+    """Every output of the op's forward (training) and gradient calls on the emulator: the
+    real kernels of the op (steps, projection GEMM, R^T, gradient steps, weight-gradient
+    GEMMs, column sums)."""
+    op = "gru" if name.startswith("gru") else name
+    dtype = args["source"].dtype
+    fwd = run(name, args)
+    grad_args = dict(args, z_state=fwd.z_state)
+    grad_args["source_gradient"] = rng.standard_normal(fwd.state.shape).astype(dtype)
+    grad_args["state_gradient"] = rng.standard_normal(args["init_state"].shape).astype(dtype)
+    if op == "gru":
+        grad_args["output_fwd"] = fwd.state
+    if op == "lstm":
+        grad_args["cell_output_fwd"] = fwd.cell
+        grad_args["cell_gradient"] = rng.standard_normal(fwd.cell.shape).astype(dtype)
+    grads = getattr(rnncore, op + "_gradients")(
+        **grad_args, descriptor=DESCRIPTORS[name], device="metal-emulated"
+    )
+    return [a for a in (*fwd, *grads) if a is not None]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_threadgroup_order_gives_identical_results(name, dtype, monkeypatch):
+    """Threadgroups started in reverse and in random orders: no kernel of any op relies on
+    another threadgroup of its dispatch having run (which the GPU does not promise), so
+    every forward and gradient output is bit-identical to the forward order's."""
+    op = "gru" if name.startswith("gru") else name
+    args = {k: v.astype(dtype) for k, v in inputs(op, np.random.default_rng(5)).items()}
+    monkeypatch.setenv("RNNCORE_EMULATOR_ORDER", "forward")
+    expected = forward_and_gradients(name, args, np.random.default_rng(6))
+    for order in ("reverse", "random:1", "random:2"):
+        monkeypatch.setenv("RNNCORE_EMULATOR_ORDER", order)
+        got = forward_and_gradients(name, args, np.random.default_rng(6))
+        assert len(got) == len(expected)
+        for a, b in zip(expected, got):
+            np.testing.assert_array_equal(a, b, err_msg=order)
+
+
+def test_bad_order_setting_is_refused(monkeypatch, rng):
+    monkeypatch.setenv("RNNCORE_EMULATOR_ORDER", "sideways")
+    with pytest.raises(ValueError, match="RNNCORE_EMULATOR_ORDER"):
+        run("single_gate_rnn", inputs("single_gate_rnn", rng))
 
 
 def test_bad_schedule_setting_is_refused(monkeypatch, rng):

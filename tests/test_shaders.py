@@ -1,7 +1,9 @@
-"""The Metal kernels' address-space check (cpp/shaders/check): clang parses every .metal file
-with Metal's device, constant and threadgroup address spaces mapped to distinct clang address
-spaces, so mixing them fails as it does in Metal. Needs clang++ (CI installs it); without it
-these tests fail unless RNNCORE_SKIP_CLANG_CHECK=1."""
+"""The Metal kernels' static checks (cpp/shaders/check/check_msl.py): clang parses every .metal
+file as C++ for OpenCL (real address spaces, no double) and as C++14 (the C++ MSL is based
+on), and the script refuses what MSL does not have (lambdas, goto, recursion, std::, ...) and
+every attribute MSL does not define. Each rule has a snippet here that must fail it, at the
+line marked `// rejected`. Needs clang++ (CI installs it); without it these tests fail unless
+RNNCORE_SKIP_CLANG_CHECK=1."""
 
 import importlib.util
 import os
@@ -14,31 +16,32 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHADERS = ROOT / "cpp" / "shaders"
-SCRIPT = SHADERS / "check" / "check_address_spaces.py"
+SCRIPT = SHADERS / "check" / "check_msl.py"
 
-_spec = importlib.util.spec_from_file_location("check_address_spaces", SCRIPT)
-check_address_spaces = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check_address_spaces)
+_spec = importlib.util.spec_from_file_location("check_msl", SCRIPT)
+check_msl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_msl)
 
 KERNELS = ["gemm.metal", "rnn.metal", "lstm.metal", "gru.metal"]
 
 # How clang names the spaces in its diagnostics: "cannot pass pointer to address space '3' as
-# a pointer to address space '1'", "__attribute__((address_space(2)))", or the type spelled
-# through the header's macro ('device float *').
+# a pointer to address space '1'", "__attribute__((address_space(2)))", the type spelled
+# through the header's macro ('device float *'), or OpenCL's ('__global float *').
 ADDRESS_SPACE_DIAGNOSTIC = re.compile(
-    r"address[ _]space|'[^'\n]*\b(device|constant|threadgroup)\b[^'\n]*'"
+    r"address[ _]space|'[^'\n]*\b(device|constant|threadgroup|__global|__constant|__local)\b"
+    r"[^'\n]*'"
 )
 
 
 @pytest.fixture(scope="module")
 def clang():
-    found = check_address_spaces.find_clang()
+    found = check_msl.find_clang()
     if found is None:
         if os.environ.get("RNNCORE_SKIP_CLANG_CHECK") == "1":
-            pytest.skip("no clang++ for the Metal address-space check (RNNCORE_SKIP_CLANG_CHECK=1)")
+            pytest.skip("no clang++ for the Metal static checks (RNNCORE_SKIP_CLANG_CHECK=1)")
         wanted = os.environ.get("CLANGXX") or "clang++ / clang++-19 ... clang++-14"
         pytest.fail(
-            f"the Metal address-space check needs clang++ and none was found ({wanted}): "
+            f"the Metal static checks need clang++ and none was found ({wanted}): "
             "install clang (apt-get install clang), point CLANGXX at one, or set "
             "RNNCORE_SKIP_CLANG_CHECK=1 to skip these tests",
             pytrace=False,
@@ -52,29 +55,43 @@ def _write(tmp_path, name, source):
     return path
 
 
-def _marked_line(source):
-    """The 1-based line of the snippet that carries the `// mixes` marker."""
-    lines = [i for i, text in enumerate(source.splitlines(), 1) if "// mixes" in text]
+def _marked_line(source, marker="// mixes"):
+    """The 1-based line of the snippet that carries the marker."""
+    lines = [i for i, text in enumerate(source.splitlines(), 1) if marker in text]
     assert len(lines) == 1
     return lines[0]
+
+
+def _errors_at(output, path, line):
+    """The error lines of the check's output at path:line."""
+    return [
+        text
+        for text in output.splitlines()
+        if " error: " in text and text.startswith((f"{path}:{line}:", f"{path}:{line} "))
+    ]
 
 
 def test_every_kernel_is_checked():
     """The check covers the kernels the backend compiles: every .metal file of cpp/shaders,
     including the four forward kernels."""
-    names = [path.name for path in check_address_spaces.kernel_sources()]
+    names = [path.name for path in check_msl.kernel_sources()]
     assert set(KERNELS) <= set(names)
 
 
-@pytest.mark.parametrize(
-    "source", check_address_spaces.kernel_sources(), ids=lambda path: path.name
-)
-def test_kernel_passes_the_address_space_check(clang, source):
-    """Each .metal file parses under clang with distinct address spaces: no pointer or
-    reference crosses from one of device, constant, threadgroup, thread into another, and
-    nothing else in it (warnings included) fails to compile."""
-    passed, output = check_address_spaces.check(clang, source)
-    assert passed, f"{source.name} fails the address-space check:\n{output}"
+@pytest.mark.parametrize("source", check_msl.kernel_sources(), ids=lambda path: path.name)
+def test_kernel_passes_the_static_checks(clang, source):
+    """Each .metal file passes every check: it compiles as C++ for OpenCL and as C++14 with
+    distinct address spaces (no pointer or reference crosses from one of device, constant,
+    threadgroup, thread into another; no warning), uses nothing MSL leaves out, and only
+    attributes MSL defines."""
+    passed, output = check_msl.check(clang, source)
+    assert passed, f"{source.name} fails the MSL static checks:\n{output}"
+
+
+def test_the_emulator_selftest_kernels_pass_the_static_checks(clang):
+    """The emulator's own test kernels are valid Metal too."""
+    passed, output = check_msl.check(clang, ROOT / "tests" / "cpp" / "emulator_selftest.metal")
+    assert passed, output
 
 
 MIXING = {
@@ -110,12 +127,239 @@ def test_mixing_address_spaces_fails_the_check(clang, tmp_path, case):
     and the diagnostic is about address spaces."""
     source = MIXING[case]
     path = _write(tmp_path, f"{case}.metal", source)
-    passed, output = check_address_spaces.check(clang, path)
+    passed, output = check_msl.check(clang, path)
     assert not passed, f"{case}: mixing address spaces passed the check"
-    line = _marked_line(source)
-    errors = [text for text in output.splitlines() if " error: " in text]
-    assert any(text.startswith(f"{path}:{line}:") for text in errors), output
+    assert _errors_at(output, path, _marked_line(source)), output
     assert ADDRESS_SPACE_DIAGNOSTIC.search(output), output
+
+
+# What MSL (C++14 with restrictions, no double, its own attributes) refuses and C++ allows:
+# each snippet is otherwise valid and must fail the checks at the line marked `// rejected`
+# with a diagnostic matching the pattern.
+KERNEL = """
+kernel void k(device float *y [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+"""
+REJECTED = {
+    "goto": (
+        r"goto",
+        """\
+inline float positive(float x) {
+  if (x > 0.0f) goto done;  // rejected
+  x = -x;
+done:
+  return x;
+}
+"""
+        + KERNEL
+        + "  y[i] = positive(y[i]);\n}\n",
+    ),
+    "lambda": (
+        r"lambda",
+        KERNEL
+        + """\
+  auto twice = [](float v) { return 2.0f * v; };  // rejected
+  y[i] = twice(y[i]);
+}
+""",
+    ),
+    "recursion": (
+        r"recursion.*depth -> depth",
+        """\
+inline int depth(int n) {  // rejected
+  return n <= 0 ? 0 : depth(n - 1) + 1;
+}
+"""
+        + KERNEL
+        + "  y[i] = float(depth(int(i)));\n}\n",
+    ),
+    "mutual_recursion": (
+        r"recursion.*even -> odd -> even",
+        """\
+inline bool odd(int n);
+inline bool even(int n) { return n == 0 ? true : odd(n - 1); }  // rejected
+inline bool odd(int n) { return n == 0 ? false : even(n - 1); }
+"""
+        + KERNEL
+        + "  y[i] = even(int(i)) ? 1.0f : 0.0f;\n}\n",
+    ),
+    "double": (
+        r"double",
+        KERNEL
+        + """\
+  double sum = y[i];  // rejected
+  y[i] = float(sum);
+}
+""",
+    ),
+    "double_literal": (
+        r"double precision constant",
+        KERNEL + "  y[i] = y[i] * 0.5;  // rejected\n}\n",
+    ),
+    "std": (
+        r"std|standard library",
+        KERNEL + "  std::uint32_t n = i;  // rejected\n  y[n] = 1.0f;\n}\n",
+    ),
+    "standard_header": (
+        r"cmath",
+        "#include <cmath>  // rejected\n" + KERNEL + "  y[i] = fabs(y[i]);\n}\n",
+    ),
+    "virtual": (
+        r"virtual",
+        """\
+struct Scale {
+  virtual float apply(float v) const { return 2.0f * v; }  // rejected
+};
+"""
+        + KERNEL
+        + "  y[i] = Scale().apply(y[i]);\n}\n",
+    ),
+    "derived_class": (
+        r"derived",
+        """\
+struct Base {
+  float offset;
+};
+struct Derived : Base {  // rejected
+  float scale;
+};
+"""
+        + KERNEL
+        + "  Derived d;\n  d.offset = 1.0f;\n  d.scale = 2.0f;\n"
+        + "  y[i] = y[i] * d.scale + d.offset;\n}\n",
+    ),
+    "throw": (
+        r"exceptions",
+        KERNEL + "  if (y[i] < 0.0f) throw 1;  // rejected\n}\n",
+    ),
+    "try": (
+        r"exceptions",
+        KERNEL + "  try {  // rejected\n    y[i] = 1.0f;\n  } catch (...) {\n  }\n}\n",
+    ),
+    "new": (
+        r"new",
+        KERNEL + "  thread float *p = new float(1.0f);  // rejected\n  y[i] = *p;\n}\n",
+    ),
+    "typeid": (
+        r"typeid",
+        KERNEL + "  y[i] = float(sizeof(typeid(y[i])));  // rejected\n}\n",
+    ),
+    "noexcept_operator": (
+        r"noexcept",
+        KERNEL + "  y[i] = noexcept(y[i] + 1.0f) ? 1.0f : 0.0f;  // rejected\n}\n",
+    ),
+    "thread_local": (
+        r"thread_local|thread-local",
+        "thread_local int counter = 0;  // rejected\n" + KERNEL + "  y[i] = float(counter);\n}\n",
+    ),
+    "register": (
+        r"register",
+        KERNEL + "  register float v = y[i];  // rejected\n  y[i] = v;\n}\n",
+    ),
+    "c++17_if_constexpr": (
+        r"C\+\+17",
+        KERNEL + "  if constexpr (sizeof(float) == 4) {  // rejected\n    y[i] = 1.0f;\n  }\n}\n",
+    ),
+    "c++17_structured_binding": (
+        r"C\+\+17",
+        "struct Pair {\n  float a, b;\n};\n"
+        + KERNEL
+        + "  auto [a, b] = Pair{y[i], 1.0f};  // rejected\n  y[i] = a + b;\n}\n",
+    ),
+    "variable_length_array": (
+        r"variable length array",
+        KERNEL + "  float scratch[i + 1];  // rejected\n  scratch[0] = y[i];\n"
+        "  y[i] = scratch[0];\n}\n",
+    ),
+    "misspelt_buffer": (
+        r"\[\[bufer\]\] is not an attribute MSL defines \(did you mean \[\[buffer\]\]\?\)",
+        """\
+kernel void k(device float *y [[bufer(0)]],  // rejected
+              uint i [[thread_index_in_threadgroup]]) {
+  y[i] = 1.0f;
+}
+""",
+    ),
+    "misspelt_position": (
+        r"\[\[thread_index_in_simd_group\]\] is not an attribute MSL defines \(did you mean "
+        r"\[\[thread_index_in_simdgroup\]\]\?\)",
+        """\
+kernel void k(device float *y [[buffer(0)]],
+              uint lane [[thread_index_in_simd_group]]) {  // rejected
+  y[lane] = 1.0f;
+}
+""",
+    ),
+    "scoped_attribute": (
+        r"\[\[gnu::always_inline\]\] is not an attribute MSL defines",
+        "[[gnu::always_inline]] inline float twice(float v) { return 2.0f * v; }  // rejected\n"
+        + KERNEL
+        + "  y[i] = twice(y[i]);\n}\n",
+    ),
+    "attribute_arguments": (
+        r"\[\[thread_index_in_simdgroup\]\] takes no arguments",
+        """\
+kernel void k(device float *y [[buffer(0)]],
+              uint lane [[thread_index_in_simdgroup(0)]]) {  // rejected
+  y[lane] = 1.0f;
+}
+""",
+    ),
+    "buffer_index_range": (
+        r"\[\[buffer\(31\)\]\]: index outside 0\.\.30",
+        """\
+kernel void k(device float *y [[buffer(31)]],  // rejected
+              uint i [[thread_index_in_threadgroup]]) {
+  y[i] = 1.0f;
+}
+""",
+    ),
+    "duplicate_buffer_index": (
+        r"argument 'x': \[\[buffer\(0\)\]\] is also argument 'y'",
+        """\
+kernel void k(device float *y [[buffer(0)]],
+              device const float *x [[buffer(0)]],  // rejected
+              uint i [[thread_index_in_threadgroup]]) {
+  y[i] = x[i];
+}
+""",
+    ),
+    "argument_without_index": (
+        r"argument 'x' needs exactly one of \[\[buffer\(i\)\]\]",
+        """\
+kernel void k(device float *y [[buffer(0)]],
+              device const float *x,  // rejected
+              uint i [[thread_index_in_threadgroup]]) {
+  y[i] = x[i];
+}
+""",
+    ),
+    "unknown_function_constant": (
+        r"function_constant\(has_scal\)\]\]: has_scal is not a function constant",
+        """\
+FUNCTION_CONSTANT(bool, has_scale, 45)
+
+kernel void k(device float *y [[buffer(0)]],
+              device const float *s [[buffer(1), function_constant(has_scal)]],  // rejected
+              uint i [[thread_index_in_threadgroup]]) {
+  if (has_scale) y[i] *= s[i];
+}
+""",
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(REJECTED))
+def test_what_msl_refuses_fails_the_check(clang, tmp_path, rule):
+    """Each of MSL's restrictions is enforced: the snippet fails the checks with an error at
+    the marked line that names what is wrong (and the same snippet without the marked
+    construct is what the positive control below shows passing)."""
+    pattern, source = REJECTED[rule]
+    path = _write(tmp_path, f"{rule.replace('+', 'p')}.metal", source)
+    passed, output = check_msl.check(clang, path)
+    assert not passed, f"{rule}: passed the check"
+    errors = _errors_at(output, path, _marked_line(source, "// rejected"))
+    assert errors, output
+    assert any(re.search(pattern, text) for text in errors), output
 
 
 CONTROL = """\
@@ -165,7 +409,7 @@ def test_correct_address_spaces_pass_the_check(clang, tmp_path):
     arrays by reference, function constants, and the builtins on values loaded from every
     space) passes, so the failures above are the mixing and nothing else."""
     path = _write(tmp_path, "control.metal", CONTROL)
-    passed, output = check_address_spaces.check(clang, path)
+    passed, output = check_msl.check(clang, path)
     assert passed, output
 
 
@@ -191,6 +435,6 @@ def test_the_script_reports_each_file(clang, tmp_path):
 def test_the_script_fails_without_clang(monkeypatch, capsys):
     """Without a compiler the script fails loudly (exit 2) instead of passing silently."""
     monkeypatch.setenv("CLANGXX", "no-such-clang++")
-    assert check_address_spaces.find_clang() is None
-    assert check_address_spaces.main([]) == 2
+    assert check_msl.find_clang() is None
+    assert check_msl.main([]) == 2
     assert "no clang++ found" in capsys.readouterr().err

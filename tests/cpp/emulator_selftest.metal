@@ -1,7 +1,9 @@
 // Kernels that exercise the host emulator itself (tests/cpp/test_emulator.cpp): a correct
 // use of threadgroup memory, the same without its barrier, barriers that some threads skip
 // or reach at different call sites, simdgroup reductions and shuffles over partial
-// simdgroups, and a simd operation in divergent control flow. Valid Metal.
+// simdgroups, a simd operation in divergent control flow, function constants, arguments at
+// other indices than the tests' host code binds, and threadgroups that observe their order.
+// Valid Metal.
 #include "common.h"
 
 #define SELFTEST_PARAMS                                                                  \
@@ -57,10 +59,42 @@ kernel void selftest_divergent_simd(SELFTEST_PARAMS) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
-REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum)
-REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum_no_barrier)
-REGISTER_KERNEL(selftest_adapter, selftest_divergent_barrier)
-REGISTER_KERNEL(selftest_adapter, selftest_different_barriers)
-REGISTER_KERNEL(selftest_adapter, selftest_simd_sum)
-REGISTER_KERNEL(selftest_adapter, selftest_simd_shuffle_down)
-REGISTER_KERNEL(selftest_adapter, selftest_divergent_simd)
+FUNCTION_CONSTANT(int, selftest_scale, 63)
+FUNCTION_CONSTANT(bool, selftest_has_extra, 62)
+
+// Scales by a function constant.
+kernel void selftest_scaled(device float* data [[buffer(0)]],
+                            uint tid [[thread_index_in_threadgroup]]) {
+  data[tid] *= float(selftest_scale);
+}
+
+// An argument that exists only when a function constant is true.
+kernel void selftest_conditional(device float* data [[buffer(0)]],
+                                 device const float* extra
+                                 [[buffer(1), function_constant(selftest_has_extra)]],
+                                 uint tid [[thread_index_in_threadgroup]]) {
+  if (selftest_has_extra) data[tid] += extra[tid];
+}
+
+// Its data at index 1, where the tests' host code binds index 0 (as for the kernels above):
+// on Metal the kernel would find nothing bound at index 1.
+kernel void selftest_data_at_index_one(device float* data [[buffer(1)]],
+                                       uint tid [[thread_index_in_threadgroup]]) {
+  data[tid] += 1.0f;
+}
+
+// Output at index 0, input at index 1: the arguments bind by the indices, not the order.
+kernel void selftest_swapped_indices(device const float* in [[buffer(1)]],
+                                     device float* out [[buffer(0)]],
+                                     uint tid [[thread_index_in_threadgroup]]) {
+  out[tid] = 2.0f * in[tid];
+}
+
+// Threadgroups of one thread that communicate through device memory, which no kernel may
+// rely on (a race on the GPU): each writes how many threadgroups ran before it,
+// data[1 + g] = data[0]++. On one OS thread that is the order the threadgroups ran in.
+kernel void selftest_group_order(device float* data [[buffer(0)]],
+                                 uint3 tgid [[threadgroup_position_in_grid]]) {
+  data[1 + tgid.x] = data[0];
+  data[0] += 1.0f;
+}

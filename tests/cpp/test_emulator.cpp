@@ -1,14 +1,20 @@
 // The host emulator checks itself: threadgroup memory and barriers behave as on the GPU, a
 // missing barrier gives a wrong answer a test can see, barriers some threads skip or reach
 // at different call sites raise, simd reductions and shuffles respect partial simdgroups
-// (inactive lanes read as NaN), and the shuffled schedule changes nothing for real kernels.
+// (inactive lanes read as NaN), what Metal refuses raises (a function constant or an
+// argument the dispatch does not provide), arguments bind by the indices of the kernel's
+// signature, the threadgroup orders are what they say, and neither the shuffled schedule
+// nor the threadgroup order changes anything for real kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cpu/thread_pool.hpp"
 #include "metal/emulator/registry.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
@@ -20,20 +26,47 @@ namespace {
 
 using namespace rnncore::metal;
 
-// Runs selftest kernel `name` over one threadgroup of n threads on data (in place).
-void run(const std::string& name, std::vector<float>& data) {
-  (void)emulator_selftest_linked();
-  Plan plan;
-  plan.sizes[static_cast<int>(Buffer::State)] = static_cast<int64_t>(data.size() * 4);
+// One threadgroup of data.size() threads of selftest kernel `name`, data bound at index 0.
+Dispatch selftest(const std::string& name, const std::vector<float>& data) {
   Dispatch d;
   d.kernel = name;
   d.buffers.push_back({0, Buffer::State, 0});
   d.threadgroup_memory = static_cast<uint32_t>(data.size() * 4);
   d.threads = {data.size(), 1, 1};
-  plan.dispatches.push_back(d);
+  return d;
+}
+
+// Runs dispatch d on data (in place; Buffer::State) and extra (Buffer::Source).
+void run(const Dispatch& d, std::vector<float>& data, std::vector<float>* extra = nullptr) {
+  (void)emulator_selftest_linked();
+  Plan plan;
   HostArrays arrays{};
+  plan.sizes[static_cast<int>(Buffer::State)] = static_cast<int64_t>(data.size() * 4);
   arrays[static_cast<int>(Buffer::State)] = data.data();
+  if (extra) {
+    plan.sizes[static_cast<int>(Buffer::Source)] = static_cast<int64_t>(extra->size() * 4);
+    arrays[static_cast<int>(Buffer::Source)] = extra->data();
+  }
+  plan.dispatches.push_back(d);
   emulator_executor().run(plan, arrays);
+}
+
+// Runs selftest kernel `name` over one threadgroup of n threads on data (in place).
+void run(const std::string& name, std::vector<float>& data) { run(selftest(name, data), data); }
+
+// The DeviceError message of running d, or "" if it runs.
+std::string error_of(const Dispatch& d, std::vector<float>& data,
+                     std::vector<float>* extra = nullptr) {
+  try {
+    run(d, data, extra);
+  } catch (const rnncore::DeviceError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 std::vector<float> iota(size_t n) {
@@ -45,6 +78,11 @@ std::vector<float> iota(size_t n) {
 struct ScheduleEnv {
   explicit ScheduleEnv(const char* value) { setenv("RNNCORE_EMULATOR_SCHEDULE", value, 1); }
   ~ScheduleEnv() { unsetenv("RNNCORE_EMULATOR_SCHEDULE"); }
+};
+
+struct OrderEnv {
+  explicit OrderEnv(const char* value) { setenv("RNNCORE_EMULATOR_ORDER", value, 1); }
+  ~OrderEnv() { unsetenv("RNNCORE_EMULATOR_ORDER"); }
 };
 
 TEST(Emulator, BarrierMakesThreadgroupMemoryVisible) {
@@ -121,8 +159,118 @@ TEST(Emulator, UnknownKernelRaises) {
   EXPECT_THROW(run("no_such_kernel", v), rnncore::DeviceError);
 }
 
-// The library's kernels give bit-identical results in every schedule: no kernel depends on
-// the order threads run in between synchronisation points.
+// Metal cannot specialise a function without a value for a function constant it uses; the
+// emulator raises when a kernel reads one the dispatch does not set (or sets as another
+// type), naming the kernel and the constant.
+TEST(Emulator, ReadingAFunctionConstantTheDispatchDoesNotSetRaises) {
+  std::vector<float> v = iota(8);
+  Dispatch d = selftest("selftest_scaled", v);
+  const std::string missing = error_of(d, v);
+  EXPECT_TRUE(contains(missing, "selftest_scaled")) << missing;
+  EXPECT_TRUE(contains(missing, "function constant 'selftest_scale' (index 63)")) << missing;
+  EXPECT_TRUE(contains(missing, "does not set")) << missing;
+
+  d.constants = {{63, FunctionConstant::Type::Bool, 1}};
+  const std::string mistyped = error_of(d, v);
+  EXPECT_TRUE(contains(mistyped, "sets as a bool")) << mistyped;
+
+  d.constants = {{63, FunctionConstant::Type::Int, 3}};
+  v = iota(8);
+  run(d, v);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], 3.0f * float(i + 1)) << i;
+}
+
+// An argument with function_constant(flag) needs flag set; when it is false the argument
+// does not exist (nothing need be bound), when true it must be bound like any other.
+TEST(Emulator, ConditionalArgumentFollowsItsFunctionConstant) {
+  std::vector<float> v = iota(8), extra(8, 10.0f);
+  Dispatch d = selftest("selftest_conditional", v);
+  const std::string unset = error_of(d, v);
+  EXPECT_TRUE(contains(unset,
+                       "argument 'extra' is conditional on function constant "
+                       "'selftest_has_extra' (index 62)"))
+      << unset;
+
+  d.constants = {{62, FunctionConstant::Type::Bool, 0}};
+  run(d, v);
+  EXPECT_EQ(v, iota(8));
+
+  d.constants = {{62, FunctionConstant::Type::Bool, 1}};
+  const std::string unbound = error_of(d, v);
+  EXPECT_TRUE(contains(unbound, "argument 'extra' [[buffer(1)]] is not bound")) << unbound;
+
+  d.buffers.push_back({1, Buffer::Source, 0});
+  run(d, v, &extra);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], float(i + 1) + 10.0f) << i;
+}
+
+// The emulator binds each argument at the index its [[buffer(i)]] names, as Metal does:
+// a kernel whose signature names another index than the host binds fails.
+TEST(Emulator, ArgumentsBindAtTheIndicesOfTheSignature) {
+  std::vector<float> v = iota(8);
+  Dispatch d = selftest("selftest_data_at_index_one", v);  // the host binds index 0
+  const std::string wrong = error_of(d, v);
+  EXPECT_TRUE(contains(wrong,
+                       "kernel 'selftest_data_at_index_one': argument 'data' "
+                       "[[buffer(1)]] is not bound"))
+      << wrong;
+  EXPECT_EQ(v, iota(8));
+
+  d.buffers = {{1, Buffer::State, 0}};
+  run(d, v);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], float(i + 2)) << i;
+
+  // Parameters in one order, indices in the other.
+  std::vector<float> out(8, 0.0f), in = iota(8);
+  Dispatch s = selftest("selftest_swapped_indices", out);
+  s.buffers = {{0, Buffer::State, 0}, {1, Buffer::Source, 0}};
+  run(s, out, &in);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], 2.0f * float(i + 1)) << i;
+
+  s.buffers.push_back({1, Buffer::Source, 0});
+  EXPECT_TRUE(contains(error_of(s, out, &in), "binds two arguments at index 1"));
+}
+
+// RNNCORE_EMULATOR_ORDER: on one OS thread, threadgroups start in grid order, in reverse,
+// or in a permutation drawn from the seed (the same for the same seed).
+TEST(Emulator, ThreadgroupOrders) {
+  auto& pool = rnncore::cpu::ThreadPool::instance();
+  const int threads = pool.max_threads();
+  pool.set_max_threads(1);
+  const size_t n = 16;
+  const auto order = [&](const char* setting) {
+    OrderEnv env(setting);
+    std::vector<float> v(n + 1, 0.0f);
+    Dispatch d = selftest("selftest_group_order", v);
+    d.threads = {1, 1, 1};
+    d.threadgroups = {n, 1, 1};
+    d.threadgroup_memory = 0;
+    run(d, v);
+    EXPECT_EQ(v[0], float(n)) << setting;
+    return std::vector<float>(v.begin() + 1, v.end());
+  };
+  std::vector<float> forward(n), reverse(n);
+  for (size_t g = 0; g < n; ++g) forward[g] = float(g), reverse[g] = float(n - 1 - g);
+  EXPECT_EQ(order("forward"), forward);
+  EXPECT_EQ(order("reverse"), reverse);
+  const std::vector<float> random1 = order("random:1"), random2 = order("random:2");
+  EXPECT_NE(random1, forward);
+  EXPECT_NE(random1, reverse);
+  EXPECT_NE(random1, random2);
+  EXPECT_EQ(order("random:1"), random1);
+  std::vector<float> sorted = random1;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, forward);  // a permutation: every threadgroup ran once
+  pool.set_max_threads(threads);
+
+  OrderEnv bad("sideways");
+  std::vector<float> v = iota(4);
+  EXPECT_THROW(run("selftest_simd_sum", v), rnncore::ValueError);
+}
+
+// The library's kernels give bit-identical results in every schedule and threadgroup order:
+// no kernel depends on the order threads run in between synchronisation points, nor on
+// the order of threadgroups.
 TEST(Emulator, ShuffledScheduleMatchesOrderedForTheKernels) {
   using namespace rnncore;
   const int64_t T = 4, N = 5, I = 6, H = 33;
@@ -141,9 +289,13 @@ TEST(Emulator, ShuffledScheduleMatchesOrderedForTheKernels) {
   in.input_weight = TensorView(W.data(), {2 * 3 * H, I});
   in.bias = TensorView(b.data(), {2 * 3 * H});
   std::vector<std::vector<float>> results;
-  for (const char* schedule : {"ordered", "shuffle:7", "shuffle:8"}) {
+  const std::pair<const char*, const char*> settings[] = {
+      {"ordered", "forward"}, {"shuffle:7", "forward"}, {"shuffle:8", "forward"},
+      {"ordered", "reverse"}, {"ordered", "random:5"},  {"shuffle:9", "random:6"}};
+  for (const auto& [schedule, order] : settings) {
     for (bool reset_after : {false, true}) {
       ScheduleEnv env(schedule);
+      OrderEnv order_env(order);
       desc.reset_after = reset_after;
       const GRUResults r = gru(in, desc, Device::MetalEmulated);
       const float* p = r.state.ptr<float>();

@@ -1,10 +1,17 @@
 // The host emulator as an Executor: runs a plan's dispatches in order, every threadgroup's
 // threads as fibers (scheduler.cpp) over the kernels compiled from the .metal sources
 // (kernels.cpp). Workspace and threadgroup memory start as NaN, so a kernel that reads what
-// nobody wrote produces NaN instead of a plausible number.
+// nobody wrote produces NaN instead of a plausible number. What Metal would refuse, it
+// refuses too (DeviceError): a kernel argument its signature binds that the dispatch leaves
+// unbound, an argument conditional on a function constant the dispatch does not set, and a
+// kernel reading a function constant the dispatch does not set.
 //
 // RNNCORE_EMULATOR_SCHEDULE=shuffle[:seed] runs the threads of each threadgroup in a random
 // order each round (default: in order); results must not depend on it.
+// RNNCORE_EMULATOR_ORDER=forward|reverse|random[:seed] is the order the threadgroups of a
+// dispatch start in (default forward: threadgroup (0,0,0), (1,0,0), ...); random draws a
+// permutation per dispatch. The emulator's OS threads take threadgroups from that sequence
+// in turn (one thread: exactly that order). Results must not depend on it either.
 #include "metal/executor.hpp"
 
 #include <algorithm>
@@ -12,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,13 +34,8 @@ int emulated_kernels_linked();
 
 namespace {
 
-std::vector<ConstantSetter>& setters() {
-  static std::vector<ConstantSetter> s;
-  return s;
-}
-
-std::unordered_map<std::string, KernelAdapter>& kernels() {
-  static std::unordered_map<std::string, KernelAdapter> k;
+std::unordered_map<std::string, KernelEntry>& kernels() {
+  static std::unordered_map<std::string, KernelEntry> k;
   return k;
 }
 
@@ -51,6 +54,144 @@ Schedule schedule_from_env() {
   return s;
 }
 
+enum class GroupOrder { Forward, Reverse, Random };
+struct Order {
+  GroupOrder kind = GroupOrder::Forward;
+  uint64_t seed = 0;
+};
+
+Order order_from_env() {
+  Order o;
+  const char* env = std::getenv("RNNCORE_EMULATOR_ORDER");
+  if (!env || !*env) return o;
+  const std::string v(env);
+  if (v == "forward") return o;
+  if (v == "reverse") {
+    o.kind = GroupOrder::Reverse;
+    return o;
+  }
+  const auto digits = [](const std::string& d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (v == "random" || (v.rfind("random:", 0) == 0 && digits(v.substr(7)))) {
+    o.kind = GroupOrder::Random;
+    if (v.size() > 7) o.seed = std::strtoull(v.c_str() + 7, nullptr, 10);
+    return o;
+  }
+  throw ValueError(
+      "[metal-emulated] RNNCORE_EMULATOR_ORDER must be 'forward', 'reverse' or "
+      "'random[:seed]', not '" +
+      v + "'");
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The linear threadgroup indices of a grid of `groups` in the order they start: forward,
+// reverse, or a permutation drawn from the seed and the dispatch's position in the plan.
+std::vector<uint64_t> group_sequence(const Order& order, uint64_t groups, uint64_t dispatch) {
+  std::vector<uint64_t> seq(groups);
+  std::iota(seq.begin(), seq.end(), uint64_t{0});
+  if (order.kind == GroupOrder::Reverse) std::reverse(seq.begin(), seq.end());
+  if (order.kind == GroupOrder::Random) {
+    uint64_t state = order.seed ^ (0xD1B54A32D192ED03ull * (dispatch + 1));
+    for (uint64_t i = groups; i > 1; --i) std::swap(seq[i - 1], seq[splitmix64(state) % i]);
+  }
+  return seq;
+}
+
+std::string argument_name(const std::string& kernel, const ArgSpec& a) {
+  return "[metal-emulated] kernel '" + kernel + "': argument '" + a.name + "'";
+}
+
+// The function-constant values a dispatch sets.
+ConstantValues constant_values(const Dispatch& d) {
+  ConstantValues values;
+  for (const FunctionConstant& c : d.constants) {
+    if (c.index >= uint32_t(ConstantValues::kCount))
+      throw DeviceError("[metal-emulated] dispatch of '" + d.kernel + "' sets function constant " +
+                        std::to_string(c.index) + ", beyond the emulator's " +
+                        std::to_string(ConstantValues::kCount));
+    values.value[c.index] = c.value;
+    values.defined[c.index] = true;
+    values.is_bool[c.index] = c.type == FunctionConstant::Type::Bool;
+  }
+  return values;
+}
+
+// Per kernel parameter, what the dispatch binds at the index its signature names; raises
+// for what Metal would refuse.
+struct Arguments {
+  std::vector<void*> args;                // null: absent, or not a buffer
+  std::vector<size_t> threadgroup_slots;  // parameters that get the threadgroup block
+};
+
+Arguments bind_arguments(const Dispatch& d, const KernelEntry& k, const ConstantValues& values,
+                         void* const* base) {
+  void* slot[kMaxBufferIndex + 1] = {};
+  bool bound[kMaxBufferIndex + 1] = {};
+  const auto bind = [&](uint32_t index, void* p, const char* what) {
+    if (index > uint32_t(kMaxBufferIndex))
+      throw DeviceError("[metal-emulated] dispatch of '" + d.kernel + "' binds " + what +
+                        " at index " + std::to_string(index) + " (Metal has 0.." +
+                        std::to_string(kMaxBufferIndex) + ")");
+    if (bound[index])
+      throw DeviceError("[metal-emulated] dispatch of '" + d.kernel +
+                        "' binds two arguments at index " + std::to_string(index));
+    slot[index] = p;
+    bound[index] = true;
+  };
+  for (const Binding& b : d.buffers) {
+    // A buffer of no bytes has no storage: bound, never read (null, not null + offset).
+    char* start = static_cast<char*>(base[static_cast<int>(b.buffer)]);
+    bind(b.index, start ? start + b.offset : nullptr, "a buffer");
+  }
+  for (const BytesArg& b : d.bytes) bind(b.index, const_cast<uint8_t*>(b.data.data()), "bytes");
+
+  Arguments bound_args;
+  std::vector<void*>& args = bound_args.args;
+  args.assign(k.count, nullptr);
+  for (size_t i = 0; i < k.count; ++i) {
+    const ArgSpec& a = k.args[i];
+    if (a.kind != ArgKind::Buffer && a.kind != ArgKind::Threadgroup) continue;
+    if (a.constant >= 0) {
+      if (!values.defined[a.constant])
+        throw DeviceError(argument_name(d.kernel, a) + " is conditional on function constant '" +
+                          a.constant_name + "' (index " + std::to_string(a.constant) +
+                          "), which the dispatch does not set");
+      if (!values.value[a.constant]) continue;  // absent, as in Metal: null
+    }
+    if (a.kind == ArgKind::Threadgroup) {
+      if (d.threadgroup_memory == 0)
+        throw DeviceError(argument_name(d.kernel, a) + " [[threadgroup(" + std::to_string(a.index) +
+                          ")]] has no threadgroup memory (the dispatch sets none)");
+      bound_args.threadgroup_slots.push_back(i);
+      continue;
+    }
+    if (!bound[a.index])
+      throw DeviceError(argument_name(d.kernel, a) + " [[buffer(" + std::to_string(a.index) +
+                        ")]] is not bound by the dispatch");
+    args[i] = slot[a.index];
+  }
+  return bound_args;
+}
+
+// Sets the dispatch state of the calling OS thread for the kernel code it runs.
+class DispatchScope {
+ public:
+  explicit DispatchScope(const DispatchState* state) : outer_(g_dispatch) { g_dispatch = state; }
+  ~DispatchScope() { g_dispatch = outer_; }
+  DispatchScope(const DispatchScope&) = delete;
+  DispatchScope& operator=(const DispatchScope&) = delete;
+
+ private:
+  const DispatchState* outer_;
+};
+
 // NaN in every element: float32 NaN words, or two float16 NaNs per word.
 void poison(std::vector<float>& v, int64_t element_size = 4) {
   uint32_t bits = 0x7FC00000u;
@@ -62,12 +203,12 @@ void poison(std::vector<float>& v, int64_t element_size = 4) {
 
 struct GroupContext {
   KernelAdapter adapter;
-  const KernelArgs* args;
+  void* const* args;
 };
 
 void run_thread(void* ctx, const ThreadIds& ids) {
   auto* g = static_cast<GroupContext*>(ctx);
-  g->adapter(*g->args, ids);
+  g->adapter(g->args, ids);
 }
 
 class EmulatorExecutor final : public Executor {
@@ -96,31 +237,28 @@ class EmulatorExecutor final : public Executor {
         base[b] = const_cast<void*>(arrays[b]);
       }
     }
-    for (const Dispatch& d : plan.dispatches) {
-      const KernelAdapter adapter = find_kernel(d.kernel);
-      ConstantValues values;
-      for (const FunctionConstant& c : d.constants) {
-        values.value[c.index] = c.value;
-        values.defined[c.index] = true;
-      }
-      KernelArgs args;
-      for (const Binding& b : d.buffers)
-        args.buffers[b.index] = static_cast<char*>(base[static_cast<int>(b.buffer)]) + b.offset;
-      for (const BytesArg& b : d.bytes) args.bytes[b.index] = b.data.data();
+    const Order order = order_from_env();
+    for (size_t n = 0; n < plan.dispatches.size(); ++n) {
+      const Dispatch& d = plan.dispatches[n];
+      const KernelEntry& kernel = find_kernel(d.kernel);
+      const ConstantValues values = constant_values(d);
+      const Arguments bound = bind_arguments(d, kernel, values, base);
+      const DispatchState state{&values, &d.kernel};
       // Threadgroups are independent (as on the GPU): they run on the CPU backend's
-      // threads, each with its own threadgroup memory and function-constant values.
+      // threads, each with its own threadgroup memory, taking them in turn from the order.
       const Size3 grid = d.threadgroups;
-      const uint64_t groups = grid.volume();
-      const int want = static_cast<int>(std::min<uint64_t>(groups, 64));
+      const std::vector<uint64_t> sequence = group_sequence(order, grid.volume(), n);
+      const int want = static_cast<int>(std::min<uint64_t>(sequence.size(), 64));
       cpu::ThreadPool::instance().run(want, [&](int tid, int team) {
-        apply_function_constants(values);
+        const DispatchScope scope(&state);
         std::vector<float> tg_memory(d.threadgroup_memory / 4);
-        KernelArgs mine = args;
-        mine.threadgroup_memory = d.threadgroup_memory ? tg_memory.data() : nullptr;
-        GroupContext ctx{adapter, &mine};
-        for (uint64_t g = static_cast<uint64_t>(tid); g < groups;
-             g += static_cast<uint64_t>(team)) {
+        std::vector<void*> mine = bound.args;
+        for (size_t i : bound.threadgroup_slots) mine[i] = tg_memory.data();
+        GroupContext ctx{kernel.adapter, mine.data()};
+        for (size_t pos = static_cast<size_t>(tid); pos < sequence.size();
+             pos += static_cast<size_t>(team)) {
           poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
+          const uint64_t g = sequence[pos];
           const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
                          uint32_t(g / (grid.x * grid.y))};
           run_threadgroup(d.kernel, d.threads, id, schedule, &run_thread, &ctx);
@@ -185,21 +323,32 @@ float half_bits_to_float(uint16_t h) {
   return f;
 }
 
-bool register_function_constant(ConstantSetter setter) {
-  setters().push_back(setter);
+void bad_constant_read(const char* name, int32_t index, bool want_bool) {
+  const DispatchState* d = g_dispatch;
+  const std::string constant =
+      std::string("function constant '") + name + "' (index " + std::to_string(index) + ")";
+  if (!d) throw DeviceError("[metal-emulated] " + constant + " read outside a dispatch");
+  const std::string where = "[metal-emulated] kernel '" + *d->kernel + "' reads " + constant;
+  if (!d->constants->defined[index])
+    throw DeviceError(where +
+                      ", which the dispatch does not set: Metal cannot specialise a function "
+                      "without a value for every function constant it uses");
+  throw DeviceError(where + ", a " + (want_bool ? "bool" : "int") +
+                    ", which the dispatch sets as " + (want_bool ? "an int" : "a bool"));
+}
+
+void absent_reference_argument(const char* name) {
+  const DispatchState* d = g_dispatch;
+  throw DeviceError("[metal-emulated] kernel '" + (d ? *d->kernel : std::string("?")) +
+                    "' reads argument '" + name + "', absent through its function constant");
+}
+
+bool register_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args, size_t count) {
+  kernels()[name] = KernelEntry{adapter, args, count};
   return true;
 }
 
-void apply_function_constants(const ConstantValues& values) {
-  for (ConstantSetter s : setters()) s(values);
-}
-
-bool register_kernel(const char* name, KernelAdapter adapter) {
-  kernels()[name] = adapter;
-  return true;
-}
-
-KernelAdapter find_kernel(const std::string& name) {
+const KernelEntry& find_kernel(const std::string& name) {
   const auto it = kernels().find(name);
   if (it == kernels().end()) throw DeviceError("[metal-emulated] no kernel named '" + name + "'");
   return it->second;

@@ -1,5 +1,6 @@
-// The .metal sources compiled as C++ for the host emulator. Each kernel registers itself
-// (REGISTER_KERNEL in the shaders expands to a registration only here).
+// The .metal sources compiled as C++ for the host emulator, each kernel registered with the
+// argument table of its signature (generated at build time from the same sources by
+// cpp/shaders/check/emulator_signatures.py; cmake/emulator.cmake).
 #include "metal/emulator/shim.hpp"
 
 // clang-format off
@@ -7,6 +8,7 @@
 #include "rnn.metal"
 #include "lstm.metal"
 #include "gru.metal"
+#include "emulated_kernels.inc"
 // clang-format on
 
 namespace rnncore::metal::emu {

@@ -1,14 +1,18 @@
 // What the emulator's executor and the kernels compiled through shim.hpp share: the kernel
-// registry, function-constant values, argument tables and the adapters that call a kernel
-// with its parameter list. No Metal keywords here (the executor includes it too).
+// registry, function constants, the argument tables read from the kernels' signatures and
+// the adapter that calls a kernel with its parameter list. No Metal keywords here (the
+// executor includes it too).
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernel_params.h"
 #include "metal/emulator/scheduler.hpp"
@@ -30,25 +34,86 @@ struct half {
   explicit operator float() const { return half_bits_to_float(bits); }
 };
 
-// Function constants of the dispatch being run, by index (the shader's FC_* values).
+// ---- function constants --------------------------------------------------------------------
+// The function-constant values of the dispatch being run, by index (the shader's FC_*
+// values), as the plan sets them: Metal specialises a kernel with them.
 struct ConstantValues {
-  int32_t value[64] = {};
-  bool defined[64] = {};
-  int32_t get(int32_t index) const { return value[index]; }
+  static constexpr int32_t kCount = 64;  // indices the emulator takes (the kernels use < 50)
+  int32_t value[kCount] = {};
+  bool defined[kCount] = {};
+  bool is_bool[kCount] = {};  // set as a bool, else as an int
 };
-using ConstantSetter = void (*)(const ConstantValues&);
-bool register_function_constant(ConstantSetter setter);
-void apply_function_constants(const ConstantValues& values);
 
-// What an adapter hands a kernel: buffer and setBytes arguments by index.
-struct KernelArgs {
-  void* buffers[32] = {};
-  const void* bytes[32] = {};
-  void* threadgroup_memory = nullptr;
+// What the kernel code of the dispatch being run sees: its function constants and name.
+// The executor sets it on each OS thread around the threadgroups the thread runs (the
+// fibers of a threadgroup share it).
+struct DispatchState {
+  const ConstantValues* constants = nullptr;
+  const std::string* kernel = nullptr;
 };
-using KernelAdapter = void (*)(const KernelArgs& args, const ThreadIds& ids);
-bool register_kernel(const char* name, KernelAdapter adapter);
-KernelAdapter find_kernel(const std::string& name);
+inline thread_local const DispatchState* g_dispatch = nullptr;
+
+// Raises DeviceError: a kernel read a function constant the dispatch does not set (Metal
+// cannot specialise the function), or set with another type, or read outside a dispatch.
+[[noreturn]] void bad_constant_read(const char* name, int32_t index, bool want_bool);
+
+// A program-scope function constant (FUNCTION_CONSTANT in shim.hpp): reading it yields the
+// value of the dispatch being run, and raises if that dispatch does not set it.
+template <class T, int32_t Index>
+struct KernelConstant {
+  static_assert(std::is_same_v<T, bool> || std::is_same_v<T, int>,
+                "the emulator's function constants are bool or int");
+  static_assert(Index >= 0 && Index < ConstantValues::kCount,
+                "function-constant index beyond the emulator's table");
+  const char* name;
+  operator T() const {  // NOLINT: implicit, as reading a constant in Metal
+    constexpr bool want_bool = std::is_same_v<T, bool>;
+    const DispatchState* d = g_dispatch;
+    if (!d || !d->constants->defined[Index] || d->constants->is_bool[Index] != want_bool)
+      bad_constant_read(name, Index, want_bool);
+    return static_cast<T>(d->constants->value[Index]);
+  }
+};
+template <class T, int32_t Index>
+constexpr int32_t constant_index(const KernelConstant<T, Index>&) {
+  return Index;
+}
+
+// ---- kernels and their arguments -------------------------------------------------------------
+// What an argument's attribute in the kernel's signature binds. The table of every kernel
+// is generated from the .metal sources (cpp/shaders/check/emulator_signatures.py).
+enum class ArgKind : uint8_t {
+  Buffer,       // [[buffer(i)]]: setBuffer or setBytes at index i
+  Threadgroup,  // [[threadgroup(i)]]: threadgroup memory
+  // The thread-position attributes of the same names.
+  ThreadgroupPositionInGrid,
+  ThreadPositionInThreadgroup,
+  ThreadPositionInGrid,
+  ThreadsPerThreadgroup,
+  ThreadIndexInThreadgroup,
+  SimdgroupIndexInThreadgroup,
+  ThreadIndexInSimdgroup,
+  ThreadsPerSimdgroup,
+};
+struct ArgSpec {
+  const char* name;
+  ArgKind kind;
+  int32_t index;              // of a buffer or threadgroup argument
+  int32_t constant;           // function_constant(name): its index; -1 for none
+  const char* constant_name;  // (for messages)
+};
+inline constexpr int32_t kMaxBufferIndex = 30;  // Metal's argument table: 31 buffers
+
+// Calls a kernel for one thread: `args` holds, per parameter, the bound pointer of a buffer
+// or threadgroup argument (null for an argument absent through its function constant).
+using KernelAdapter = void (*)(void* const* args, const ThreadIds& ids);
+struct KernelEntry {
+  KernelAdapter adapter = nullptr;
+  const ArgSpec* args = nullptr;
+  size_t count = 0;
+};
+bool register_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args, size_t count);
+const KernelEntry& find_kernel(const std::string& name);
 
 template <class T>
 uint64_t to_bits(T v) {
@@ -74,60 +139,107 @@ T poison() {
 
 }  // namespace rnncore::metal::emu
 
-// ---- adapters: from the executor's argument table to a kernel's parameter list ----------
+// ---- the adapter every kernel shares ------------------------------------------------------
 namespace rnncore::metal::emu {
 
-template <class T, class Kernel>
-void step_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
-  using namespace rnncore::kernels;
-  const auto in = [&](int i) { return static_cast<const T*>(a.buffers[i]); };
-  const auto out = [&](int i) { return static_cast<T*>(a.buffers[i]); };
-  kernel(in(SB_XP), in(SB_R), in(SB_H0), in(SB_C0), in(SB_MASK), in(SB_PEEPHOLE), in(SB_B2),
-         out(SB_Y), out(SB_C), out(SB_Z), out(SB_WS),
-         *static_cast<const StepParams*>(a.bytes[SB_PARAMS]), id.tgid, id.sg, id.lane);
+[[noreturn]] void absent_reference_argument(const char* name);
+
+template <class>
+inline constexpr bool kAlwaysFalse = false;
+
+// The value a parameter of type P with attribute kind K receives.
+template <class P, ArgKind K>
+P argument(void* slot, const char* name, const ThreadIds& id) {
+  if constexpr (K == ArgKind::Buffer || K == ArgKind::Threadgroup) {
+    if constexpr (std::is_pointer_v<P>) {
+      (void)name;
+      return static_cast<P>(slot);
+    } else if constexpr (std::is_lvalue_reference_v<P>) {
+      using V = std::remove_reference_t<P>;
+      static_assert(std::is_const_v<V>, "a [[buffer]] reference argument must be constant");
+      if (!slot) absent_reference_argument(name);
+      return *static_cast<V*>(slot);
+    } else {
+      static_assert(kAlwaysFalse<P>, "a [[buffer]] or [[threadgroup]] argument is a pointer");
+    }
+  } else {
+    (void)slot;
+    (void)name;
+    constexpr bool vector =
+        K == ArgKind::ThreadgroupPositionInGrid || K == ArgKind::ThreadPositionInThreadgroup ||
+        K == ArgKind::ThreadPositionInGrid || K == ArgKind::ThreadsPerThreadgroup;
+    if constexpr (vector) {
+      static_assert(std::is_same_v<P, uint3>, "this thread-position attribute is a uint3 here");
+      if constexpr (K == ArgKind::ThreadgroupPositionInGrid) return id.tgid;
+      if constexpr (K == ArgKind::ThreadPositionInThreadgroup) return id.tpos;
+      if constexpr (K == ArgKind::ThreadsPerThreadgroup) return id.tptg;
+      if constexpr (K == ArgKind::ThreadPositionInGrid)
+        return uint3{id.tgid.x * id.tptg.x + id.tpos.x, id.tgid.y * id.tptg.y + id.tpos.y,
+                     id.tgid.z * id.tptg.z + id.tpos.z};
+    } else {
+      static_assert(std::is_integral_v<P> && !std::is_same_v<P, bool>,
+                    "this thread-position attribute is an integer");
+      if constexpr (K == ArgKind::ThreadIndexInThreadgroup) return static_cast<P>(id.tid);
+      if constexpr (K == ArgKind::SimdgroupIndexInThreadgroup) return static_cast<P>(id.sg);
+      if constexpr (K == ArgKind::ThreadIndexInSimdgroup) return static_cast<P>(id.lane);
+      if constexpr (K == ArgKind::ThreadsPerSimdgroup) return static_cast<P>(kSimdWidth);
+    }
+  }
 }
 
-template <class TA, class TB, class TC, class Kernel>
-void gemm_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
-  using namespace rnncore::kernels;
-  kernel(static_cast<const TA*>(a.buffers[GB_A]), static_cast<const TB*>(a.buffers[GB_B]),
-         static_cast<const TB*>(a.buffers[GB_BIAS]), static_cast<TC*>(a.buffers[GB_C]),
-         *static_cast<const GemmParams*>(a.bytes[GB_PARAMS]),
-         static_cast<float*>(a.threadgroup_memory), id.tgid, id.tid);
+// Checks of a signature table that Metal's compiler or the emulator would refuse.
+template <size_t N>
+constexpr bool indices_in_range(const ArgSpec (&spec)[N]) {
+  for (const ArgSpec& a : spec)
+    if (a.kind == ArgKind::Buffer && (a.index < 0 || a.index > kMaxBufferIndex)) return false;
+  return true;
+}
+template <size_t N>
+constexpr bool indices_unique(const ArgSpec (&spec)[N]) {
+  for (size_t i = 0; i < N; ++i)
+    for (size_t j = i + 1; j < N; ++j)
+      if (spec[i].kind == spec[j].kind && spec[i].index == spec[j].index &&
+          (spec[i].kind == ArgKind::Buffer || spec[i].kind == ArgKind::Threadgroup))
+        return false;
+  return true;
+}
+template <size_t N>
+constexpr bool one_threadgroup_block(const ArgSpec (&spec)[N]) {
+  for (const ArgSpec& a : spec)
+    if (a.kind == ArgKind::Threadgroup && a.index != 0) return false;
+  return true;
 }
 
-template <class T, class Kernel>
-void column_sums_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
-  using namespace rnncore::kernels;
-  kernel(static_cast<const float*>(a.buffers[CB_A]), static_cast<const float*>(a.buffers[CB_S]),
-         static_cast<T*>(a.buffers[CB_OUT]),
-         *static_cast<const ColumnSumParams*>(a.bytes[CB_PARAMS]), id.tgid, id.tid);
+template <const auto& Spec, class... P, size_t... I>
+void call(void (*kernel)(P...), void* const* args, const ThreadIds& id, std::index_sequence<I...>) {
+  kernel(argument<P, Spec[I].kind>(args[I], Spec[I].name, id)...);
 }
 
-template <class T, class Kernel>
-void transpose_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
-  using namespace rnncore::kernels;
-  kernel(static_cast<const T*>(a.buffers[TB_IN]), static_cast<T*>(a.buffers[TB_OUT]),
-         *static_cast<const TransposeParams*>(a.bytes[TB_PARAMS]), id.tgid, id.tid);
+// The adapter of `Kernel`, whose signature table is `Spec`.
+template <auto Kernel, const auto& Spec>
+void invoke(void* const* args, const ThreadIds& id) {
+  constexpr size_t n = std::extent_v<std::remove_reference_t<decltype(Spec)>>;
+  static_assert(indices_in_range(Spec), "a [[buffer(i)]] index is outside 0..30");
+  static_assert(indices_unique(Spec), "two arguments of a kernel have the same index");
+  static_assert(one_threadgroup_block(Spec),
+                "the emulator gives a kernel one threadgroup block, [[threadgroup(0)]]");
+  call<Spec>(Kernel, args, id, std::make_index_sequence<n>());
 }
 
-template <class T, class Kernel>
-void backward_adapter(Kernel kernel, const KernelArgs& a, const ThreadIds& id) {
-  using namespace rnncore::kernels;
-  const auto in = [&](int i) { return static_cast<const T*>(a.buffers[i]); };
-  const auto out = [&](int i) { return static_cast<T*>(a.buffers[i]); };
-  const auto work = [&](int i) { return static_cast<float*>(a.buffers[i]); };
-  kernel(in(BB_RT), in(BB_Z), in(BB_HFWD), in(BB_CFWD), in(BB_H0), in(BB_C0), in(BB_MASK),
-         in(BB_PEEPHOLE), in(BB_DY), in(BB_DH_FINAL), in(BB_DC_FINAL), in(BB_DC_STEPS),
-         work(BB_DXP), work(BB_RDELTA), work(BB_HTILDE), work(BB_U), work(BB_CARRY), work(BB_CPREV),
-         out(BB_DH0), out(BB_DC0), *static_cast<const BackwardParams*>(a.bytes[BB_PARAMS]), id.tgid,
-         id.sg, id.lane);
+template <class... P>
+constexpr size_t parameter_count(void (*)(P...)) {
+  return sizeof...(P);
 }
 
 }  // namespace rnncore::metal::emu
 
-using rnncore::metal::emu::backward_adapter;
-using rnncore::metal::emu::column_sums_adapter;
-using rnncore::metal::emu::gemm_adapter;
-using rnncore::metal::emu::step_adapter;
-using rnncore::metal::emu::transpose_adapter;
+// Registers a kernel defined above with its table from the generated signatures (the table
+// and the parameter list must agree: checked when compiling).
+#define RNNCORE_EMULATED_KERNEL(name)                                                          \
+  static_assert(::rnncore::metal::emu::parameter_count(&::name) ==                             \
+                    std::size(::rnncore::metal::emu::signatures::name),                        \
+                "kernel " #name ": the signature table and the parameters differ");            \
+  static const bool name##_emulated_ = ::rnncore::metal::emu::register_kernel(                 \
+      #name, &::rnncore::metal::emu::invoke<&::name, ::rnncore::metal::emu::signatures::name>, \
+      ::rnncore::metal::emu::signatures::name,                                                 \
+      std::size(::rnncore::metal::emu::signatures::name));

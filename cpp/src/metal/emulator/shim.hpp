@@ -1,8 +1,9 @@
 // Compiles Metal Shading Language kernels as C++ for the host emulator: address-space
 // qualifiers vanish (constant becomes const), the builtins the kernels use map onto the
-// fiber scheduler, and function constants become per-thread globals that the executor
-// sets before each dispatch. Include it, then the .metal sources; the conventions the
-// kernels follow for this to be faithful are in cpp/shaders/README.md.
+// fiber scheduler, and function constants read the values of the dispatch being run.
+// Include it, then the .metal sources, then their generated signature table
+// (cpp/shaders/check/emulator_signatures.py), which registers every kernel; the conventions
+// the kernels follow for this to be faithful are in cpp/shaders/README.md.
 #pragma once
 
 #include "metal/emulator/registry.hpp"
@@ -109,20 +110,15 @@ T simd_shuffle_down(T v, ushort delta) {
 
 using namespace metal;
 
-// A program-scope function constant: a per-thread global, set by the executor for each
-// dispatch through the setter registered here.
-#define FUNCTION_CONSTANT(type, name, index)                                                \
-  static thread_local type name{};                                                          \
-  static const bool name##_registered_ = ::rnncore::metal::emu::register_function_constant( \
-      [](const ::rnncore::metal::emu::ConstantValues& v) {                                  \
-        name = static_cast<type>(v.get(index));                                             \
-      });
+// A program-scope function constant: reading it yields the value of the dispatch being run
+// and raises DeviceError if the dispatch does not set it (Metal cannot specialise a function
+// without a value for every constant it uses).
+#define FUNCTION_CONSTANT(type, name, index) \
+  static constexpr ::rnncore::metal::emu::KernelConstant<type, index> name{#name};
 
 // One block per threadgroup, handed to every thread of it by the adapter.
 #define THREADGROUP_BUFFER(type, name, index) type* name
 
-// Kernel registration, one adapter per kernel signature (see common.h).
-#define REGISTER_KERNEL(adapter, name)                                                  \
-  static const bool name##_kernel_registered_ = ::rnncore::metal::emu::register_kernel( \
-      #name, [](const ::rnncore::metal::emu::KernelArgs& a,                             \
-                const ::rnncore::metal::emu::ThreadIds& id) { adapter(name, a, id); });
+// Nothing: the emulator registers every kernel with the argument table read from its
+// signature (the generated table included after the .metal sources, RNNCORE_EMULATED_KERNEL).
+#define REGISTER_KERNEL(adapter, name)
