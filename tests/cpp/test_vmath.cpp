@@ -192,6 +192,19 @@ TEST(Vmath, Infinities) {
   expect_infinities<double>();
 }
 
+TEST(Vmath, SignedZeros) {
+  for (float z : {0.0f, -0.0f}) {
+    EXPECT_EQ(vm::exp_nonpositive(z), 1.0f);
+    EXPECT_EQ(vm::sigmoid(z), 0.5f);
+    EXPECT_EQ(std::signbit(vm::tanh(z)), std::signbit(z));
+  }
+  for (double z : {0.0, -0.0}) {
+    EXPECT_EQ(vm::exp_nonpositive(z), 1.0);
+    EXPECT_EQ(vm::sigmoid(z), 0.5);
+    EXPECT_EQ(std::signbit(vm::tanh(z)), std::signbit(z));
+  }
+}
+
 // e^x over [-104, 0] for float (every 64th float: normal results, subnormal ones down to
 // the clamp, where the result rounds to 0) and [-746, 0] for double, against the libm of
 // the next wider type. Subnormal results are compared in subnormal ulps.

@@ -4,6 +4,7 @@
 // loops in vmath.cpp; no -ffast-math anywhere.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -69,11 +70,10 @@ RNNCORE_VMATH_INLINE float tanh(float x) {
   p = p * u - 5.396772056e-02f;
   p = p * u + 1.333333153e-01f;
   p = p * u - 3.333333331e-01f;
-  const float small = x + x * u * p;
+  const float small = a + a * u * p;
   const float e = exp_nonpositive(-2.0f * a);
   const float big = (1.0f - e) / (1.0f + e);
-  const float signed_big = x < 0.0f ? -big : big;
-  return a < 0.55f ? small : signed_big;
+  return std::copysign(a < 0.55f ? small : big, x);  // odd: tanh(-0) = -0
 }
 
 // float64: the same scheme with a degree-13 Taylor polynomial for e^r (truncation
@@ -132,11 +132,10 @@ RNNCORE_VMATH_INLINE double tanh(double x) {
   p = p * u - 0.053968253882736641;
   p = p * u + 0.13333333333185071;
   p = p * u - 0.33333333333332477;
-  const double small = x + x * u * p;
+  const double small = a + a * u * p;
   const double e = exp_nonpositive(-2.0 * a);
   const double big = (1.0 - e) / (1.0 + e);
-  const double signed_big = x < 0.0 ? -big : big;
-  return a < 0.55 ? small : signed_big;
+  return std::copysign(a < 0.55 ? small : big, x);
 }
 
 // Array forms (vmath.cpp), compiled for several x86 levels and picked at load time.
