@@ -1,7 +1,8 @@
 // Kernels that exercise the host emulator itself (tests/cpp/test_emulator.cpp): a correct
 // use of threadgroup memory, the same without its barrier, barriers that some threads skip
 // or reach at different call sites, simdgroup reductions and shuffles over partial
-// simdgroups, and a simd operation in divergent control flow. Valid Metal.
+// simdgroups, a simd operation in divergent control flow, and a kernel abandoned in a deep
+// frame followed by one with a large frame. Valid Metal.
 #include "common.h"
 
 #define SELFTEST_PARAMS                                                                  \
@@ -57,6 +58,28 @@ kernel void selftest_divergent_simd(SELFTEST_PARAMS) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
+// Threads that wait at a barrier the other half skips, with live frames full of arrays
+// (AddressSanitizer puts redzones between them): the scheduler error abandons them there.
+static float sum_around_barrier(device float* data, uint tid, uint n) {
+  float a[7], b[5], c[3];
+  for (uint i = 0; i < 7; ++i) a[i] = data[tid] + float(i);
+  for (uint i = 0; i < 5; ++i) b[i] = a[(tid + i) % 7];
+  for (uint i = 0; i < 3; ++i) c[i] = b[(tid + i) % 5];
+  if (tid < n / 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  return a[tid % 7] + b[tid % 5] + c[tid % 3];
+}
+
+kernel void selftest_abandoned_in_a_deep_frame(SELFTEST_PARAMS) {
+  data[tid] = sum_around_barrier(data, tid, tptg.x);
+}
+
+// A frame with one large array over the stack the abandoned frames used.
+kernel void selftest_large_frame(SELFTEST_PARAMS) {
+  float big[512];
+  for (uint i = 0; i < 512; ++i) big[i] = data[tid] + float(i);
+  data[tid] = big[(tid * 37) % 512] - float((tid * 37) % 512);
+}
+
 REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum)
 REGISTER_KERNEL(selftest_adapter, selftest_neighbour_sum_no_barrier)
 REGISTER_KERNEL(selftest_adapter, selftest_divergent_barrier)
@@ -64,3 +87,5 @@ REGISTER_KERNEL(selftest_adapter, selftest_different_barriers)
 REGISTER_KERNEL(selftest_adapter, selftest_simd_sum)
 REGISTER_KERNEL(selftest_adapter, selftest_simd_shuffle_down)
 REGISTER_KERNEL(selftest_adapter, selftest_divergent_simd)
+REGISTER_KERNEL(selftest_adapter, selftest_abandoned_in_a_deep_frame)
+REGISTER_KERNEL(selftest_adapter, selftest_large_frame)

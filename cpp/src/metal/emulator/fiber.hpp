@@ -8,8 +8,11 @@
 
 namespace rnncore::metal::emu {
 
-// A stack and a saved context. start() prepares it to run entry(arg) on its own stack;
-// switch_to() saves the current context into `from` and resumes `to`.
+// A stack and a saved context. start() prepares it to run entry(arg) on its own stack
+// (again: a fiber that finished or was abandoned mid-run can be restarted); switch_to()
+// saves the current context into `from` and resumes `to`; exit_to() leaves a fiber that
+// will not be resumed (only restarted). The switches are announced to AddressSanitizer
+// and ThreadSanitizer when they instrument the build.
 class Fiber {
  public:
   using Entry = void (*)(void*);
@@ -20,6 +23,7 @@ class Fiber {
 
   void start(Entry entry, void* arg);
   static void switch_to(Fiber& from, Fiber& to);
+  [[noreturn]] static void exit_to(Fiber& from, Fiber& to);
   // A fiber object for the thread that drives the others (no stack of its own).
   static std::unique_ptr<Fiber> for_current_thread();
 

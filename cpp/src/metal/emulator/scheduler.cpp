@@ -47,18 +47,21 @@ class Scheduler {
 
   static void entry(void* arg);
   // Hands over to the next ready thread of this round directly (half the switches of going
-  // through the driver), or back to the driver at the end of the round.
-  void yield() {
+  // through the driver), or back to the driver at the end of the round. A thread that
+  // returned (`finished`) leaves its fiber for good.
+  void yield(bool finished = false) {
     Fiber& from = *fibers_[current_];
+    Fiber* to = main_.get();
     while (++position_ < order_.size()) {
       const uint32_t next = order_[position_];
       if (threads_[next].state == State::Ready) {
         current_ = next;
-        Fiber::switch_to(from, *fibers_[next]);
-        return;
+        to = fibers_[next].get();
+        break;
       }
     }
-    Fiber::switch_to(from, *main_);
+    if (finished) Fiber::exit_to(from, *to);
+    Fiber::switch_to(from, *to);
   }
   bool release_simd();
   bool release_barrier();
@@ -96,7 +99,7 @@ void Scheduler::entry(void* arg) {
     if (!s.error_) s.error_ = std::current_exception();
   }
   t.state = State::Done;
-  s.yield();  // never resumed: the next run() restarts the fiber
+  s.yield(true);  // never resumed: the next run() restarts the fiber
 }
 
 void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3& tgid,
