@@ -17,8 +17,9 @@
 
 // Sanitized builds: every switch is announced, so that AddressSanitizer knows which stack
 // is running (its reports, the unpoisoning when an exception unwinds, its fake stacks) and
-// ThreadSanitizer keeps a shadow call stack and happens-before order per fiber (without
-// that it crashes at the first switch).
+// ThreadSanitizer treats each fiber as a thread of its own, with its own call stack, and
+// each switch as a happens-before edge (unannounced, all the fibers of an OS thread are
+// one thread to it, their call stacks mixed in its reports).
 #if defined(__SANITIZE_ADDRESS__)
 #define RNNCORE_ASAN 1
 #endif
