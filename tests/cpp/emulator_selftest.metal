@@ -2,8 +2,8 @@
 // use of threadgroup memory, the same without its barrier, barriers that some threads skip
 // or reach at different call sites, simdgroup reductions and shuffles over partial
 // simdgroups, a simd operation in divergent control flow, function constants, arguments at
-// other indices than the tests' host code binds, and threadgroups that observe their order.
-// Valid Metal.
+// other indices than the tests' host code binds, threadgroups that observe their order, and
+// a kernel abandoned in a deep frame followed by one with a large frame. Valid Metal.
 #include "common.h"
 
 #define SELFTEST_PARAMS                                                                  \
@@ -98,3 +98,25 @@ kernel void selftest_group_order(device float* data [[buffer(0)]],
   data[1 + tgid.x] = data[0];
   data[0] += 1.0f;
 }
+// Threads that wait at a barrier the other half skips, with live frames full of arrays
+// (AddressSanitizer puts redzones between them): the scheduler error abandons them there.
+static float sum_around_barrier(device float* data, uint tid, uint n) {
+  float a[7], b[5], c[3];
+  for (uint i = 0; i < 7; ++i) a[i] = data[tid] + float(i);
+  for (uint i = 0; i < 5; ++i) b[i] = a[(tid + i) % 7];
+  for (uint i = 0; i < 3; ++i) c[i] = b[(tid + i) % 5];
+  if (tid < n / 2) threadgroup_barrier(mem_flags::mem_threadgroup);
+  return a[tid % 7] + b[tid % 5] + c[tid % 3];
+}
+
+kernel void selftest_abandoned_in_a_deep_frame(SELFTEST_PARAMS) {
+  data[tid] = sum_around_barrier(data, tid, tptg.x);
+}
+
+// A frame with one large array over the stack the abandoned frames used.
+kernel void selftest_large_frame(SELFTEST_PARAMS) {
+  float big[512];
+  for (uint i = 0; i < 512; ++i) big[i] = data[tid] + float(i);
+  data[tid] = big[(tid * 37) % 512] - float((tid * 37) % 512);
+}
+

@@ -154,6 +154,27 @@ TEST(Emulator, SimdOperationInDivergentControlFlowRaises) {
   }
 }
 
+// A scheduler error abandons threads mid-run; their fibers are restarted for the next
+// kernel, whose frames reuse the same stacks. Under AddressSanitizer the abandoned frames'
+// redzones must not outlive them (a false stack-buffer-overflow in the next kernel), and
+// the results must not depend on what the abandoned kernel left.
+TEST(Emulator, KernelAfterAnAbandonedKernelRuns) {
+  for (const char* schedule : {"ordered", "shuffle:3"}) {
+    ScheduleEnv env(schedule);
+    std::vector<float> v = iota(64);
+    EXPECT_THROW(run("selftest_abandoned_in_a_deep_frame", v), rnncore::DeviceError);
+    for (size_t n : {64, 40, 96}) {
+      std::vector<float> w = iota(n);
+      run("selftest_large_frame", w);
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(w[i], float(i + 1)) << schedule << " " << i;
+    }
+    std::vector<float> u = iota(100);
+    run("selftest_neighbour_sum", u);
+    for (size_t i = 0; i < u.size(); ++i)
+      EXPECT_EQ(u[i], float(i + 1) + float((i + 1) % 100 + 1)) << schedule << " thread " << i;
+  }
+}
+
 TEST(Emulator, UnknownKernelRaises) {
   std::vector<float> v = iota(4);
   EXPECT_THROW(run("no_such_kernel", v), rnncore::DeviceError);

@@ -1,8 +1,10 @@
 // Vectorisable float32 exp, sigmoid and tanh, accurate to a few ulp for every finite input
-// (the contract asks for that, and no NaN at +-100). Written branch-free so that the
-// compiler vectorises the array loops in vmath.cpp; no -ffast-math anywhere.
+// (the contract asks for that, and no NaN at +-100); NaN gives NaN and +-inf the limits,
+// by defined arithmetic. Written branch-free so that the compiler vectorises the array
+// loops in vmath.cpp; no -ffast-math anywhere.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -19,9 +21,10 @@ namespace rnncore::cpu::vmath {
 // |r| <= ln2/2, degree-7 Taylor for e^r (truncation < 0.1 ulp), then 2^n applied in two
 // halves so that results in the subnormal range are still right.
 RNNCORE_VMATH_INLINE float exp_nonpositive(float x) {
-  x = x < -104.0f ? -104.0f : x;
+  x = x < -104.0f ? -104.0f : x;  // NaN stays NaN
   // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, vectorises).
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
   float r = x - n * 0.693145751953125f;  // ln2 split: hi has 16 bits, n * hi is exact
   r = r - n * 1.42860682030941723212e-6f;
   float p = 1.0f / 5040.0f;
@@ -32,9 +35,17 @@ RNNCORE_VMATH_INLINE float exp_nonpositive(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni / 2, n2 = ni - n1;
-  const int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  // n as an integer from the bits of t = 1.5 * 2^23 + n (one binade: the low bits count
+  // n), not by converting n, which is undefined for NaN. Every step below is defined for
+  // any bits t may hold; for NaN the scale is garbage and p, hence the result, is NaN.
+  uint32_t tb;
+  std::memcpy(&tb, &t, 4);
+  const uint32_t nb = tb - 0x4B400000u;
+  int32_t ni;
+  std::memcpy(&ni, &nb, 4);
+  const int32_t n1 = ni / 2, n2 = ni - n1;  // |n1|, |n2| <= 2^30: no overflow below
+  const uint32_t b1 = static_cast<uint32_t>(n1 + 127) << 23;
+  const uint32_t b2 = static_cast<uint32_t>(n2 + 127) << 23;
   float s1, s2;
   std::memcpy(&s1, &b1, 4);
   std::memcpy(&s2, &b2, 4);
@@ -59,11 +70,10 @@ RNNCORE_VMATH_INLINE float tanh(float x) {
   p = p * u - 5.396772056e-02f;
   p = p * u + 1.333333153e-01f;
   p = p * u - 3.333333331e-01f;
-  const float small = x + x * u * p;
+  const float small = a + a * u * p;
   const float e = exp_nonpositive(-2.0f * a);
   const float big = (1.0f - e) / (1.0f + e);
-  const float signed_big = x < 0.0f ? -big : big;
-  return a < 0.55f ? small : signed_big;
+  return std::copysign(a < 0.55f ? small : big, x);  // odd: tanh(-0) = -0
 }
 
 // float64: the same scheme with a degree-13 Taylor polynomial for e^r (truncation
@@ -71,7 +81,8 @@ RNNCORE_VMATH_INLINE float tanh(float x) {
 // below 0.55 (<= 1 ulp, fitted against 40-digit tanh).
 RNNCORE_VMATH_INLINE double exp_nonpositive(double x) {
   x = x < -746.0 ? -746.0 : x;
-  const double n = (x * 1.4426950408889634 + 6755399441055744.0) - 6755399441055744.0;
+  const double t = x * 1.4426950408889634 + 6755399441055744.0;
+  const double n = t - 6755399441055744.0;
   double r = x - n * 6.93147180369123816490e-01;
   r = r - n * 1.90821492927058770002e-10;
   double p = 1.0 / 6227020800.0;
@@ -88,9 +99,14 @@ RNNCORE_VMATH_INLINE double exp_nonpositive(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  const int64_t ni = static_cast<int64_t>(n);
+  uint64_t tb;
+  std::memcpy(&tb, &t, 8);
+  const uint64_t nb = tb - 0x4338000000000000u;
+  int64_t ni;
+  std::memcpy(&ni, &nb, 8);
   const int64_t n1 = ni / 2, n2 = ni - n1;
-  const int64_t b1 = (n1 + 1023) << 52, b2 = (n2 + 1023) << 52;
+  const uint64_t b1 = static_cast<uint64_t>(n1 + 1023) << 52;
+  const uint64_t b2 = static_cast<uint64_t>(n2 + 1023) << 52;
   double s1, s2;
   std::memcpy(&s1, &b1, 8);
   std::memcpy(&s2, &b2, 8);
@@ -116,11 +132,10 @@ RNNCORE_VMATH_INLINE double tanh(double x) {
   p = p * u - 0.053968253882736641;
   p = p * u + 0.13333333333185071;
   p = p * u - 0.33333333333332477;
-  const double small = x + x * u * p;
+  const double small = a + a * u * p;
   const double e = exp_nonpositive(-2.0 * a);
   const double big = (1.0 - e) / (1.0 + e);
-  const double signed_big = x < 0.0 ? -big : big;
-  return a < 0.55 ? small : signed_big;
+  return std::copysign(a < 0.55 ? small : big, x);
 }
 
 // Array forms (vmath.cpp), compiled for several x86 levels and picked at load time.

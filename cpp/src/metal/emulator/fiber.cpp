@@ -10,9 +10,37 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <new>
 
 #include "rnncore/error.hpp"
+
+// Sanitized builds: every switch is announced, so that AddressSanitizer knows which stack
+// is running (its reports, the unpoisoning when an exception unwinds, its fake stacks) and
+// ThreadSanitizer treats each fiber as a thread of its own, with its own call stack, and
+// each switch as a happens-before edge (unannounced, all the fibers of an OS thread are
+// one thread to it, their call stacks mixed in its reports).
+#if defined(__SANITIZE_ADDRESS__)
+#define RNNCORE_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define RNNCORE_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RNNCORE_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define RNNCORE_TSAN 1
+#endif
+#endif
+#ifdef RNNCORE_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef RNNCORE_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 #if defined(__APPLE__)
 #define RNNCORE_SYM(name) "_" #name
@@ -75,16 +103,96 @@ struct Fiber::Impl {
   char* map = nullptr;  // the mapping: a guard page, then the stack
   size_t map_bytes = 0;
   size_t page = 0;
+  Entry entry = nullptr;
+  void* arg = nullptr;
+  bool started = false;  // a frame was laid out: not parked at start() means abandoned
+  bool parked = false;   // its entry returned: waits in Fiber::main for the next start()
 #ifdef RNNCORE_ASM_FIBERS
   void* sp = nullptr;
 #else
   ucontext_t ctx{};
-  Entry entry = nullptr;
-  void* arg = nullptr;
+  void (*main)(void*) = nullptr;  // Fiber::main, for ucontext_entry
+#endif
+#ifdef RNNCORE_ASAN
+  // The stack (for the thread's own, learnt when it first switches away) and, while
+  // switched out, ASan's fake stack (detect_stack_use_after_return).
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
+  void* fake_stack = nullptr;
+#endif
+#ifdef RNNCORE_TSAN
+  void* tsan = nullptr;
+  bool owns_tsan = false;
 #endif
 };
 
-Fiber::Fiber(size_t stack_bytes) : impl_(std::make_unique<Impl>()) {
+namespace {
+
+#ifdef RNNCORE_ASAN
+// The fiber this OS thread's last switch left (whose stack ASan reports on arrival).
+thread_local Fiber::Impl* t_switching_from = nullptr;
+#endif
+
+// Around every switch: before_switch() on the fiber that leaves, after_switch() first
+// thing on the one that resumes (or starts), with the fake stack it left with.
+void before_switch(Fiber::Impl& from, Fiber::Impl& to) {
+#ifdef RNNCORE_ASAN
+  t_switching_from = &from;
+  __sanitizer_start_switch_fiber(&from.fake_stack, to.stack_bottom, to.stack_size);
+#endif
+#ifdef RNNCORE_TSAN
+  __tsan_switch_to_fiber(to.tsan, 0);  // flags 0: the switch orders the two fibers
+#endif
+  (void)from, (void)to;
+}
+
+void after_switch(Fiber::Impl& self) {
+#ifdef RNNCORE_ASAN
+  const void* bottom = nullptr;
+  size_t size = 0;
+  __sanitizer_finish_switch_fiber(self.fake_stack, &bottom, &size);
+  Fiber::Impl* from = t_switching_from;
+  if (from && !from->stack_bottom) from->stack_bottom = bottom, from->stack_size = size;
+#endif
+  (void)self;
+}
+
+void switch_impl(Fiber::Impl& from, Fiber::Impl& to) {
+  before_switch(from, to);
+#ifdef RNNCORE_ASM_FIBERS
+  rnncore_emu_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.ctx, &to.ctx);
+#endif
+  after_switch(from);
+}
+
+#ifndef RNNCORE_ASM_FIBERS
+void ucontext_entry(unsigned hi, unsigned lo) {
+  auto* impl = reinterpret_cast<Fiber::Impl*>((uintptr_t(hi) << 32) | lo);
+  impl->main(impl);
+}
+#endif
+
+// A fiber abandoned mid-run is restarted from a fresh frame: the frames it left keep their
+// ASan redzones poisoned (the next run's frames would trip over them: a false
+// stack-buffer-underflow) and their entries on TSan's shadow call stack.
+void reset_abandoned(Fiber::Impl& impl) {
+#ifdef RNNCORE_ASAN
+  __asan_unpoison_memory_region(impl.map + impl.page, impl.map_bytes - impl.page);
+#endif
+#ifdef RNNCORE_TSAN
+  __tsan_destroy_fiber(impl.tsan);
+  impl.tsan = __tsan_create_fiber(0);
+#endif
+  (void)impl;
+}
+
+}  // namespace
+
+Fiber::Fiber() : impl_(std::make_unique<Impl>()) {}
+
+Fiber::Fiber(size_t stack_bytes) : Fiber() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t bytes = (stack_bytes + page - 1) / page * page + page;
   void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANON, -1, 0);
@@ -94,68 +202,84 @@ Fiber::Fiber(size_t stack_bytes) : impl_(std::make_unique<Impl>()) {
   impl_->map = static_cast<char*>(m);
   impl_->map_bytes = bytes;
   impl_->page = page;
+#ifdef RNNCORE_ASAN
+  impl_->stack_bottom = impl_->map + page;
+  impl_->stack_size = bytes - page;
+#endif
+#ifdef RNNCORE_TSAN
+  impl_->tsan = __tsan_create_fiber(0);
+  impl_->owns_tsan = true;
+#endif
 }
 
 Fiber::~Fiber() {
-  if (impl_ && impl_->map) munmap(impl_->map, impl_->map_bytes);
+#ifdef RNNCORE_TSAN
+  if (impl_->owns_tsan) __tsan_destroy_fiber(impl_->tsan);
+#endif
+  if (impl_->map) munmap(impl_->map, impl_->map_bytes);
 }
 
 std::unique_ptr<Fiber> Fiber::for_current_thread() {
   std::unique_ptr<Fiber> f(new Fiber());
-  f->impl_ = std::make_unique<Impl>();
+#ifdef RNNCORE_TSAN
+  f->impl_->tsan = __tsan_get_current_fiber();
+#endif
   return f;
 }
 
-#ifdef RNNCORE_ASM_FIBERS
+void Fiber::main(void* p) {
+  auto& impl = *static_cast<Impl*>(p);
+  after_switch(impl);
+  for (;;) {
+    Fiber& next = impl.entry(impl.arg);
+    impl.parked = true;
+    switch_impl(impl, *next.impl_);  // resumed by the next start() and switch_to()
+  }
+}
 
 void Fiber::start(Entry entry, void* arg) {
-  auto top = reinterpret_cast<uintptr_t>(impl_->map + impl_->map_bytes) & ~uintptr_t(15);
+  Impl& impl = *impl_;
+  impl.entry = entry;
+  impl.arg = arg;
+  if (impl.parked) {
+    impl.parked = false;
+    return;
+  }
+  if (impl.started) reset_abandoned(impl);
+  impl.started = true;
+#ifdef RNNCORE_ASM_FIBERS
+  auto top = reinterpret_cast<uintptr_t>(impl.map + impl.map_bytes) & ~uintptr_t(15);
 #if defined(__x86_64__)
   // The return address sits just below `top`: after `ret` the stack is 16-byte aligned, as
   // the trampoline's call expects.
   auto* f = reinterpret_cast<uint64_t*>(top - 56);
-  f[0] = 0;                                  // r15
-  f[1] = 0;                                  // r14
-  f[2] = reinterpret_cast<uint64_t>(entry);  // r13
-  f[3] = reinterpret_cast<uint64_t>(arg);    // r12
-  f[4] = 0;                                  // rbx
-  f[5] = 0;                                  // rbp
+  f[0] = 0;                                         // r15
+  f[1] = 0;                                         // r14
+  f[2] = reinterpret_cast<uint64_t>(&Fiber::main);  // r13
+  f[3] = reinterpret_cast<uint64_t>(&impl);         // r12
+  f[4] = 0;                                         // rbx
+  f[5] = 0;                                         // rbp
   f[6] = reinterpret_cast<uint64_t>(&rnncore_emu_trampoline);
 #else
   auto* f = reinterpret_cast<uint64_t*>(top - 176);
   for (int i = 0; i < 22; ++i) f[i] = 0;
-  f[0] = reinterpret_cast<uint64_t>(arg);                       // x19
-  f[1] = reinterpret_cast<uint64_t>(entry);                     // x20
+  f[0] = reinterpret_cast<uint64_t>(&impl);                     // x19
+  f[1] = reinterpret_cast<uint64_t>(&Fiber::main);              // x20
   f[11] = reinterpret_cast<uint64_t>(&rnncore_emu_trampoline);  // x30
 #endif
-  impl_->sp = f;
-}
-
-void Fiber::switch_to(Fiber& from, Fiber& to) { rnncore_emu_switch(&from.impl_->sp, to.impl_->sp); }
-
+  impl.sp = f;
 #else
-
-namespace {
-void ucontext_entry(unsigned hi, unsigned lo) {
-  auto* impl = reinterpret_cast<Fiber::Impl*>((uintptr_t(hi) << 32) | lo);
-  impl->entry(impl->arg);
-}
-}  // namespace
-
-void Fiber::start(Entry entry, void* arg) {
-  impl_->entry = entry;
-  impl_->arg = arg;
-  getcontext(&impl_->ctx);
-  impl_->ctx.uc_stack.ss_sp = impl_->map + impl_->page;
-  impl_->ctx.uc_stack.ss_size = impl_->map_bytes - impl_->page;
-  impl_->ctx.uc_link = nullptr;
-  const auto p = reinterpret_cast<uintptr_t>(impl_.get());
-  makecontext(&impl_->ctx, reinterpret_cast<void (*)()>(&ucontext_entry), 2, unsigned(p >> 32),
+  getcontext(&impl.ctx);
+  impl.ctx.uc_stack.ss_sp = impl.map + impl.page;
+  impl.ctx.uc_stack.ss_size = impl.map_bytes - impl.page;
+  impl.ctx.uc_link = nullptr;
+  impl.main = &Fiber::main;
+  const auto p = reinterpret_cast<uintptr_t>(&impl);
+  makecontext(&impl.ctx, reinterpret_cast<void (*)()>(&ucontext_entry), 2, unsigned(p >> 32),
               unsigned(p & 0xffffffffu));
+#endif
 }
 
-void Fiber::switch_to(Fiber& from, Fiber& to) { swapcontext(&from.impl_->ctx, &to.impl_->ctx); }
-
-#endif
+void Fiber::switch_to(Fiber& from, Fiber& to) { switch_impl(*from.impl_, *to.impl_); }
 
 }  // namespace rnncore::metal::emu

@@ -8,11 +8,15 @@
 
 namespace rnncore::metal::emu {
 
-// A stack and a saved context. start() prepares it to run entry(arg) on its own stack;
-// switch_to() saves the current context into `from` and resumes `to`.
+// A stack and a saved context. start() prepares a fiber to run entry(arg) on its own
+// stack; entry returns the fiber to switch to when it is done, and the fiber parks there
+// until the next start(), which reuses the stack as it is. A fiber abandoned mid-run (a
+// kernel stopped by a scheduler error) is restarted from a fresh frame instead.
+// switch_to() saves the current context into `from` and resumes `to`. The switches are
+// announced to AddressSanitizer and ThreadSanitizer when they instrument the build.
 class Fiber {
  public:
-  using Entry = void (*)(void*);
+  using Entry = Fiber& (*)(void*);
   explicit Fiber(size_t stack_bytes);
   ~Fiber();
   Fiber(const Fiber&) = delete;
@@ -26,7 +30,8 @@ class Fiber {
   struct Impl;
 
  private:
-  Fiber() = default;
+  Fiber();
+  [[noreturn]] static void main(void* impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -45,20 +45,23 @@ class Scheduler {
     uint32_t index;
   };
 
-  static void entry(void* arg);
-  // Hands over to the next ready thread of this round directly (half the switches of going
-  // through the driver), or back to the driver at the end of the round.
-  void yield() {
-    Fiber& from = *fibers_[current_];
+  static Fiber& entry(void* arg);
+  // The fiber to run after the current thread blocks or returns: the next ready thread of
+  // this round directly (half the switches of going through the driver), or the driver at
+  // the end of the round.
+  Fiber& next() {
     while (++position_ < order_.size()) {
-      const uint32_t next = order_[position_];
-      if (threads_[next].state == State::Ready) {
-        current_ = next;
-        Fiber::switch_to(from, *fibers_[next]);
-        return;
+      const uint32_t i = order_[position_];
+      if (threads_[i].state == State::Ready) {
+        current_ = i;
+        return *fibers_[i];
       }
     }
-    Fiber::switch_to(from, *main_);
+    return *main_;
+  }
+  void yield() {
+    Fiber& from = *fibers_[current_];
+    Fiber::switch_to(from, next());
   }
   bool release_simd();
   bool release_barrier();
@@ -86,7 +89,7 @@ Scheduler& scheduler() {
   return s;
 }
 
-void Scheduler::entry(void* arg) {
+Fiber& Scheduler::entry(void* arg) {
   auto* a = static_cast<Arg*>(arg);
   Scheduler& s = *a->self;
   Thread& t = s.threads_[a->index];
@@ -96,7 +99,7 @@ void Scheduler::entry(void* arg) {
     if (!s.error_) s.error_ = std::current_exception();
   }
   t.state = State::Done;
-  s.yield();  // never resumed: the next run() restarts the fiber
+  return s.next();  // the fiber parks; the next run() starts it again
 }
 
 void Scheduler::run(const std::string& kernel, const Size3& threads, const uint3& tgid,
