@@ -82,6 +82,7 @@ namespace {
 constexpr uint32_t kOpen = 1u << 31;
 constexpr uint32_t kInside = 0xffffu;
 constexpr int kJoinedShift = 16;
+constexpr int64_t kLateJoinNs = 500000;
 
 int usable_cores() {
 #if defined(__linux__)
@@ -156,7 +157,12 @@ void ThreadPool::worker(uint32_t seen) {
       }
     }
     if (!slot) continue;
-    {
+    // A worker that got a core long after the job was published was queued behind other
+    // threads: the machine is oversubscribed. It leaves the job to the caller rather than
+    // risk being descheduled with a chunk in hand.
+    if (now_ns() - published_ns_.load(std::memory_order_relaxed) > kLateJoinNs) {
+      report_stall();
+    } else {
       InJob in;
       job_->work(slot);  // jobs catch their own errors
     }
@@ -166,7 +172,7 @@ void ThreadPool::worker(uint32_t seen) {
 }
 
 int64_t ThreadPool::stall_after_ns(int64_t mean_chunk_ns) {
-  return std::max<int64_t>(1000000, 16 * mean_chunk_ns);
+  return std::max<int64_t>(250000, 16 * mean_chunk_ns);
 }
 
 void ThreadPool::report_stall() {
@@ -194,6 +200,7 @@ int ThreadPool::run(Job& job, int participants) {
   grow(n);
   job_ = &job;
   want_.store(n - 1, std::memory_order_relaxed);
+  published_ns_.store(now_ns(), std::memory_order_relaxed);
   ticket_.value.store(kOpen, std::memory_order_release);
   generation_.bump();
   std::exception_ptr error;

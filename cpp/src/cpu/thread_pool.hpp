@@ -99,9 +99,10 @@ class ThreadPool {
 
   // Contention. A thread that waited for a chunk another thread claimed much longer than
   // chunks take (that thread was descheduled: the machine has more runnable threads than
-  // cores) reports a stall; jobs then run on their callers alone for a while (50 ms,
-  // doubling while stalls recur, up to 1 s), so that no call keeps waiting for threads the
-  // OS does not run. Quiet machines never stall, and the bits never depend on this.
+  // cores), or a worker that got a core long after a job was published, reports a stall; jobs then
+  // run on their callers alone for a while (50 ms, doubling while stalls recur, up to 1 s), so that
+  // no call keeps waiting for threads the OS does not run. Quiet machines never stall, and the bits
+  // never depend on this.
   void report_stall();
   bool contended() const;
   // The longest wait for others that is not a stall, given the mean duration of a chunk.
@@ -128,6 +129,7 @@ class ThreadPool {
   std::atomic<int> want_{0};
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> contended_until_{0}, backoff_ns_{0};
+  std::atomic<int64_t> published_ns_{0};  // when the open job was published
 };
 
 // Stages run in order, each split into the same `chunks` chunks, and a stage starts only
