@@ -114,7 +114,10 @@ GemmSplit gemm_split(int64_t M, int64_t N, int64_t K) {
   GemmSplit s;
   s.by_rows = M >= N;
   const int64_t side = s.by_rows ? M : N;
-  s.parts = std::max<int64_t>(1, std::min<int64_t>({8, (M * N * K) >> 20, side / 16}));
+  // (in double: the product of the sizes may not fit 64 bits)
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int64_t by_work = work >= 8.0 * (1 << 20) ? 8 : static_cast<int64_t>(work) >> 20;
+  s.parts = std::max<int64_t>(1, std::min<int64_t>({8, by_work, side / 16}));
   s.side = side;
   return s;
 }
