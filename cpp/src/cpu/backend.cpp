@@ -96,24 +96,26 @@ bool blas_path_forced() {
   return forced;
 }
 
-// Batch rows a backward slice takes: fixed by N alone (see BackwardSlice), 16 or more
-// each, at most 8 slices a direction.
-inline int64_t backward_slices(int64_t N) {
-  return std::max<int64_t>(1, std::min<int64_t>(8, N / 16));
-}
-
 // BPTT with the batch rows of each direction split into slices that the pool's threads
 // claim (no synchronisation inside the time loop), then the weight-gradient reductions
-// over all rows.
+// over all rows. The packed kernels give every row the same bits however the rows are
+// sliced (see BackwardSlice), so the slices follow the threads a call can have now: one
+// per thread (16 rows or more each), or every row in one slice when the call runs alone.
+// The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 16 rows a slice: BLAS
+// may sum another way for another row count.
 template <class T>
 void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   ThreadPool& pool = ThreadPool::instance();
   const int64_t N = p.N, H = p.H, TNH = p.T * p.N * p.H;
-  const int64_t per_dir = backward_slices(N);
+  const int64_t groups = (N + kProductRows - 1) / kProductRows;
+  const int64_t threads = blas_path_forced() ? 8 * p.D : pool.available();
+  const int64_t per_dir =
+      std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, threads / p.D), N / 16));
   const int64_t slices = per_dir * p.D;
   std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
-  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0, T(0));
+  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(p.D * groups * 4 * H) : 0,
+                    T(0));
   // R packed once per direction for the per-step products.
   std::vector<T> packed[2], packed_o[2];
   if (!blas_path_forced())
@@ -132,11 +134,12 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   // A single slice runs on the caller, leaving the pool to its per-step products.
   pool.parallel_for(slices, [&](int64_t k) {
     const int64_t d = k / per_dir, part = k % per_dir;
-    const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
+    const int64_t n0 = groups * part / per_dir * kProductRows;
+    const int64_t n1 = std::min(N, groups * (part + 1) / per_dir * kProductRows);
     BackwardSlice<T> sl{n1 - n0,
                         hm_all.data() + d * TNH + n0 * H,
                         side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
-                        dP.empty() ? nullptr : dP.data() + k * 4 * H,
+                        dP.empty() ? nullptr : dP.data() + (d * groups + n0 / kProductRows) * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
                         packed_o[d].empty() ? nullptr : packed_o[d].data()};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
@@ -147,7 +150,7 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
       T* out = static_cast<T*>(dirs[d].dP);
       for (int64_t j = 0; j < 4 * H; ++j) {
         T sum = T(0);
-        for (int64_t part = 0; part < per_dir; ++part) sum += dP[(d * per_dir + part) * 4 * H + j];
+        for (int64_t g = 0; g < groups; ++g) sum += dP[(d * groups + g) * 4 * H + j];
         out[j] = sum;
       }
     }

@@ -107,17 +107,18 @@ void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
 }
 
 GemmSplit gemm_split(int64_t M, int64_t N, int64_t K) {
-  // About 2^20 multiply-adds a part or more, parts of at least 16 rows (columns) starting
-  // at multiples of 16, and at most 8 of them: enough for the threads of a small machine
-  // to share the work dynamically. The longer side of C is split, so that each part packs
-  // only its own share of the other operand.
+  // About 2^22 multiply-adds a part or more (a BLAS call and a claim cost a few us), parts
+  // of at least 16 rows (columns) starting at multiples of 16, and at most 4 of them:
+  // enough for the threads of a small machine to share the work dynamically; more parts
+  // cost a single thread 5-10% (each packs its share again, at smaller sizes). The longer
+  // side of C is split, so that each part packs only its own share of the other operand.
   GemmSplit s;
   s.by_rows = M >= N;
   const int64_t side = s.by_rows ? M : N;
   // (in double: the product of the sizes may not fit 64 bits)
   const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const int64_t by_work = work >= 8.0 * (1 << 20) ? 8 : static_cast<int64_t>(work) >> 20;
-  s.parts = std::max<int64_t>(1, std::min<int64_t>({8, by_work, side / 16}));
+  const int64_t by_work = work >= 4.0 * (1 << 22) ? 4 : static_cast<int64_t>(work) >> 22;
+  s.parts = std::max<int64_t>(1, std::min<int64_t>({4, by_work, side / 16}));
   s.side = side;
   return s;
 }

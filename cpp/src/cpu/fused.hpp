@@ -9,6 +9,11 @@
 
 namespace rnncore::cpu {
 
+// Rows of A that matmul (the backward steps' product) takes per register tile, on every
+// instruction set. A row's arithmetic depends only on where it sits in its tile, so
+// splitting the rows at multiples of this leaves every row's bits unchanged.
+constexpr int kProductRows = 8;
+
 // The entry points of one scalar type (fused_kernels.hpp compiled per instruction set).
 template <class T>
 struct FusedOps {

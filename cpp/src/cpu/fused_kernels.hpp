@@ -39,6 +39,7 @@ struct Fused {  // S: the scalar type
 
   using Problem = detail::Problem;
   using Dir = detail::DirectionForward;
+  static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,

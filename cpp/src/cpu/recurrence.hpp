@@ -126,16 +126,18 @@ template <class T>
 void gru_forward(const Problem& p, const DirectionForward& a);
 // A slice of the batch rows of one direction's BPTT: rows are independent until the
 // weight gradients, so the threads of the pool claim slices and no thread waits for
-// another inside the time loop. The slices are fixed by the shape (a row's products are
-// tiled with its slice's rows, and dP sums per slice). The DirectionBackward pointers are offset to
-// the slice's first row; time steps are still p.N rows apart. hm_all and side are [T, N, H] buffers
-// of the whole batch (offset likewise) that the reduction after the loop reads.
+// another inside the time loop. Slices start at multiples of kProductRows (so a row's
+// products are tiled the same whatever the slicing) and sum dP per group of kProductRows
+// rows (summed in group order afterwards): the bits do not depend on how many slices
+// there are. The DirectionBackward pointers are offset to the slice's first row; time
+// steps are still p.N rows apart. hm_all and side are [T, N, H] buffers of the whole
+// batch (offset likewise) that the reduction after the loop reads.
 template <class T>
 struct BackwardSlice {
   int64_t rows;
   T* hm_all;  // h̃ (masked previous state) of every step, at input time
   T* side;    // GRU: u = r ⊙ h̃ (reset-before) or δq (reset-after)
-  T* dP;      // LSTM: this slice's part of the peephole gradient [4H], zeroed
+  T* dP;      // LSTM: the peephole gradient [4H] of each kProductRows rows, zeroed
   // R packed for the per-step product δa R (null: use BLAS). GRU reset-before packs its
   // two products separately: packed_R = R[0:2H], packed_Ro = R[2H:3H].
   const T* packed_R;

@@ -186,6 +186,11 @@ void ThreadPool::report_stall() {
   contended_until_.store(now + b, std::memory_order_relaxed);
 }
 
+int ThreadPool::available() const {
+  if (tls_in_job || busy_.load(std::memory_order_relaxed) || contended()) return 1;
+  return max_threads();
+}
+
 bool ThreadPool::contended() const {
   return now_ns() < contended_until_.load(std::memory_order_relaxed);
 }

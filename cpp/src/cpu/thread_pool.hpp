@@ -97,6 +97,10 @@ class ThreadPool {
   void parallel_for(int64_t chunks, const std::function<void(int64_t)>& fn,
                     int participants = 1 << 30);
 
+  // The participants a job started now would get: max_threads, or 1 when the pool is in
+  // use, contended, or this thread is inside a job.
+  int available() const;
+
   // Contention. A thread that waited for a chunk another thread claimed much longer than
   // chunks take (that thread was descheduled: the machine has more runnable threads than
   // cores), or a worker that got a core long after a job was published, reports a stall; jobs then
