@@ -157,6 +157,44 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
+def loaded_markdown(results):
+    """The table of a --loaded run: rnncore at its default thread count and at 1 thread
+    beside one competing CPU-bound process."""
+    m = results["machine"]
+    n = results["default_threads"]
+    rounds = results["records"][0]["rounds"] if results["records"] else "?"
+    lines = [
+        "# rnncore on a loaded machine",
+        "",
+        f"{results['date']} · `{results['command']}` · {results['run']} run, "
+        f"{results['seconds']:.0f} s",
+        "",
+        f"Machine: {m['cpu_model']}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
+        f"{m['platform']}. Competitor: {results['competitor']}.",
+        "",
+        f"Each configuration and mode timed at rnncore's default thread count ({n}) and at 1 "
+        f"thread in the same process, {rounds} alternating rounds (median of each round's "
+        "median). Ratio = default / 1 thread "
+        "(target: at most 1.3). Others = cores kept busy by other processes during the "
+        "measurements (the competitor alone is about 1).",
+        "",
+        f"| config | mode | {n} threads ms | 1 thread ms | ratio | rounds' ratios | others "
+        "| bits |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["records"]:
+        rr = r["round_ratios"]
+        lines.append(
+            f"| {r['config']} | {r['mode']} | {fmt_ms(r['default_median_s'])} | "
+            f"{fmt_ms(r['single_median_s'])} | {r['ratio']:.2f} | "
+            f"{min(rr):.2f}–{max(rr):.2f} | {r['other_cpu']} | "
+            f"{'same' if r['same_bits'] else 'DIFFER'} |"
+        )
+    worst = max((r["ratio"] for r in results["records"]), default=float("nan"))
+    lines += ["", f"Worst ratio: {worst:.2f}."]
+    return "\n".join(lines) + "\n"
+
+
 def reference_name(results):
     for w in results["workers"]:
         if "reference" in w:

@@ -1,7 +1,7 @@
 """Benchmark rnncore against PyTorch, ONNX Runtime, MLX (if installed) and a numpy loop.
 
     python bench/run.py [--quick] [--threads 1 2] [--configs NAME ...] [--out DIR]
-                        [--modes inference training]
+                        [--modes inference training] [--loaded]
 
 Each thread count n runs in its own subprocess, with RNNCORE_NUM_THREADS,
 OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set to n (rnncore's thread pool,
@@ -15,6 +15,13 @@ reached; the median and the minimum are kept.
 
 Writes results.json, results.md (ratios rnncore / fastest peer) and chart.png into
 bench/results/ (or --out). This is a measurement, not a test: nothing here asserts speed.
+
+--loaded measures rnncore on a busy machine instead: one competing CPU-bound process (a
+Python busy loop) runs throughout, and every configuration and mode is timed at rnncore's
+default thread count and at 1 thread in the same process, in alternating rounds, so both
+see the same load; the ratio default / 1 thread shows what the threads cost or gain when
+a core is taken (target: at most 1.3). It also checks that both give the same bits.
+Writes loaded.json and loaded.md.
 """
 
 import argparse
@@ -72,6 +79,16 @@ def parse_args(argv=None):
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help="time rnncore at its default thread count and at 1 thread beside one competing "
+        "CPU-bound process (writes loaded.json, loaded.md)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="--loaded: alternating rounds (default 7; 3 with --quick)"
+    )
+    parser.add_argument("--worker-loaded", type=Path, help=argparse.SUPPRESS)
     # Internal: run one thread count and write its records to a JSON file.
     parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
@@ -331,6 +348,131 @@ def progress_line(r):
     )
 
 
+# ---------------------------------------------------------------------------- loaded
+
+
+def busy_loop():
+    """One competing CPU-bound process (a Python busy loop); the caller kills it."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def loaded_worker(args):
+    """Times rnncore at the default thread count and at 1 thread, alternating, beside a busy
+    loop; writes the records to args.worker_loaded."""
+    timing = TIMING["quick" if args.quick else "full"]
+    rounds = args.rounds or (3 if args.quick else 7)
+    from impls import RnncoreImpl
+
+    impl = RnncoreImpl()
+    rc = impl.rc
+    rc.set_num_threads(0)
+    default_threads = rc.num_threads()
+    settings = {"default": 0, "single": 1}
+    records = []
+    competitor = busy_loop()
+    try:
+        time.sleep(0.2)
+        for name in args.configs:
+            problem = Problem(BY_NAME[name])
+            for mode in args.modes:
+                run, result = impl.prepare(problem, mode, default_threads)
+                outputs = {}
+                for key, n in settings.items():
+                    rc.set_num_threads(n)
+                    outputs[key] = result(run())
+                same = all(
+                    np.array_equal(outputs["default"][k], outputs["single"][k])
+                    for k in outputs["default"]
+                )
+                rounds_s = {key: [] for key in settings}
+                other = []
+                for r in range(rounds):
+                    order = list(settings) if r % 2 == 0 else list(settings)[::-1]
+                    for key in order:
+                        rc.set_num_threads(settings[key])
+                        m = measure_once(run, 1, timing["min_reps"], timing["min_time"])
+                        rounds_s[key].append(m["median_s"])
+                        if m["other_cpu"] is not None:
+                            other.append(m["other_cpu"])
+                med = {key: float(np.median(v)) for key, v in rounds_s.items()}
+                record = {
+                    "config": name,
+                    "mode": mode,
+                    "impl": "rnncore",
+                    "default_threads": default_threads,
+                    "default_median_s": med["default"],
+                    "single_median_s": med["single"],
+                    "ratio": med["default"] / med["single"],
+                    "round_ratios": [
+                        a / b for a, b in zip(rounds_s["default"], rounds_s["single"])
+                    ],
+                    "rounds": rounds,
+                    "same_bits": bool(same),
+                    "other_cpu": round(float(np.median(other)), 2) if other else None,
+                }
+                records.append(record)
+                print(
+                    f"  {name:24} {mode:9} default ({default_threads}t) "
+                    f"{1e3 * med['default']:10.3f} ms  1t {1e3 * med['single']:10.3f} ms  "
+                    f"ratio {record['ratio']:.2f}  others {record['other_cpu']}  "
+                    f"{'same bits' if same else 'BITS DIFFER'}",
+                    flush=True,
+                )
+                gc.collect()
+    finally:
+        competitor.kill()
+        competitor.wait()
+        rc.set_num_threads(0)
+    out = {
+        "default_threads": default_threads,
+        "rnncore_build": rnncore_build(rc),
+        "rnncore_build_info": rc.build_info(),
+        "timing": timing,
+        "records": records,
+    }
+    args.worker_loaded.write_text(json.dumps(out, indent=1))
+
+
+def run_loaded(args, started):
+    """The parent of --loaded: one worker with rnncore's own default thread count (no
+    thread variables set), then loaded.json and loaded.md."""
+    import report
+
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+    print(f"configs: {' '.join(args.configs)}\nmodes: {' '.join(args.modes)}; loaded run")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "loaded.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-loaded", str(path)]
+        cmd += ["--configs", *args.configs, "--modes", *args.modes]
+        if args.quick:
+            cmd.append("--quick")
+        if args.rounds:
+            cmd += ["--rounds", str(args.rounds)]
+        proc = subprocess.run(cmd, env=env, check=False)
+        if proc.returncode != 0 or not path.exists():
+            print(f"loaded worker failed with exit code {proc.returncode}")
+            return 1
+        worker_out = json.loads(path.read_text())
+    results = {
+        "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "run": "quick" if args.quick else "full",
+        "machine": machine_info(),
+        "versions": versions(),
+        "repository": repository(),
+        "competitor": "one Python busy loop (while True: pass) for the whole run",
+        **worker_out,
+    }
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "loaded.json").write_text(json.dumps(results, indent=1) + "\n")
+    markdown = report.loaded_markdown(results)
+    (args.out / "loaded.md").write_text(markdown)
+    print("\n" + markdown)
+    print(f"wrote {args.out / 'loaded.json'}, loaded.md in {results['seconds']:.0f} s")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parent
 
 
@@ -426,10 +568,14 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker_threads is not None:
         return worker(args)
+    if args.worker_loaded is not None:
+        return loaded_worker(args)
 
     import report  # matplotlib is needed only here
 
     started = time.perf_counter()
+    if args.loaded:
+        return run_loaded(args, started)
     cpus = usable_cpus()
     if max(args.threads) > cpus:
         print(f"warning: {max(args.threads)} threads requested but only {cpus} CPUs usable")

@@ -1,38 +1,203 @@
-"""Calls from several Python threads at once (the GIL is released while rnncore computes)
-give the same results as one at a time: the thread pool is shared, and a call that finds
-it busy runs on its own thread."""
+"""Threads never change results: rnncore promises the same bits for the same inputs
+whatever set_num_threads / RNNCORE_NUM_THREADS says and whatever runs beside the call
+(README, "How the CPU backend works"). Every operation, forward and gradients, is
+compared bit for bit across thread counts and with calls made from 8 Python threads at
+once (the GIL is released while rnncore computes; a call that finds the thread pool busy
+runs on its own thread), on every device. No timing here."""
 
 import concurrent.futures
+import threading
 
 import numpy as np
+import pytest
+from cases import (
+    GRADIENT_FIELDS,
+    KINDS,
+    make_cotangents,
+    make_descriptor,
+    make_inputs,
+    result_fields,
+    run,
+    run_gradients,
+    supported,
+    with_fields,
+)
+from util import devices_under_test
 
 import rnncore
 
+THREAD_COUNTS = (1, 2, 3, 8, 0)  # 0: the default (every usable core)
 
-def _case(seed, dtype):
+# (T, N, I, H, bidirectional): N = 1 and 32, H in {1, 31, 33, 128}, T = 1, bidirectional;
+# the larger ones split their work into several chunks (hidden-unit panels, batch slices
+# of the gradients, GEMM blocks) on the CPU. I = None: no input weight.
+CPU_SHAPES = (
+    (6, 1, 8, 1, False),
+    (1, 32, 16, 128, False),
+    (7, 32, 20, 31, False),
+    (5, 32, 20, 33, True),
+    (6, 1, None, 256, False),
+    (9, 1, 24, 128, True),
+    (12, 48, 64, 128, True),
+    (20, 32, 64, 128, False),
+)
+# The Metal emulator runs every GPU thread as a fiber: smaller sizes.
+EMULATED_SHAPES = (
+    (6, 1, 8, 1, False),
+    (1, 32, 16, 128, False),
+    (5, 32, 12, 31, False),
+    (4, 32, 12, 33, True),
+)
+
+
+def shapes_for(device):
+    return CPU_SHAPES if device == "cpu" else EMULATED_SHAPES
+
+
+def dtypes_for(device):
+    return [dt for dt in (np.float32, np.float64, np.float16) if supported(device, dt)]
+
+
+def variants(kind):
+    """Descriptor fields and optional inputs: every op's options in a few combinations."""
+    if kind == "rnn":
+        return [
+            ({"activation": "TANH"}, {"bias": True, "init_state": True, "mask": "ndh"}),
+            ({"activation": "RELU", "reverse": True}, {}),
+        ]
+    if kind == "lstm":
+        return [
+            ({}, {"bias": True, "init_state": True, "init_cell": True, "peephole": True}),
+            ({"forget_gate_last": True}, {"mask": "n1"}),
+        ]
+    return [
+        ({"reset_after": True, "reset_gate_first": True}, {"bias": True, "secondary_bias": True}),
+        ({"flip_z": True}, {"init_state": True, "mask": "dh"}),
+    ]
+
+
+def make_case(kind, shape, variant, dtype, seed):
+    T, N, I, H, bidirectional = shape  # noqa: E741 (the contract's names)
+    fields, options = variants(kind)[variant]
     rng = np.random.default_rng(seed)
-    T, N, I, H = 30, 24, 40, 48  # noqa: E741 (the contract's names)
-    x = rng.standard_normal((T, N, I)).astype(dtype)
-    W = (0.2 * rng.standard_normal((2 * 4 * H, I))).astype(dtype)
-    R = (0.2 * rng.standard_normal((2, 4 * H, H))).astype(dtype)
-    return x, R, W
+    inputs = make_inputs(
+        rng, kind, T=T, N=N, H=H, I=I, bidirectional=bidirectional, dtype=dtype, **options
+    )
+    desc = make_descriptor(kind, bidirectional=bidirectional, **fields)
+    cot = make_cotangents(
+        rng,
+        kind,
+        T=T,
+        N=N,
+        H=H,
+        bidirectional=bidirectional,
+        dtype=dtype,
+        state_gradient=True,
+        cell_gradient="steps" if variant else "final",
+    )
+    return kind, inputs, desc, cot
 
 
-def _run(args):
-    x, R, W = args
-    d = rnncore.LSTMDescriptor(bidirectional=True, training=True)
-    y, c, z = rnncore.lstm(x, R, W, descriptor=d, device="cpu")
-    g = rnncore.lstm_gradients(x, R, y, z, c, input_weight=W, descriptor=d, device="cpu")
-    return y, g.recurrent_weight
+def outputs(case, device):
+    """Every output of the inference forward, the training forward and the gradients."""
+    kind, inputs, desc, cot = case
+    out = {}
+    inference = run(rnncore, kind, inputs, with_fields(desc, training=False), device=device)
+    out["inference state"] = inference.state
+    grads, forward = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
+    for field in result_fields(kind):
+        out[f"training {field}"] = getattr(forward, field)
+    for field in GRADIENT_FIELDS[kind]:
+        if getattr(grads, field) is not None:
+            out[f"d{field}"] = getattr(grads, field)
+    return {k: np.array(v, copy=True) for k, v in out.items()}
 
 
-def test_concurrent_calls_match_serial_calls():
-    cases = [_case(seed, dtype) for seed in range(8) for dtype in (np.float32, np.float64)]
-    serial = [_run(c) for c in cases]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+def assert_same_bits(actual, expected, what):
+    assert actual.keys() == expected.keys(), what
+    for name, value in expected.items():
+        np.testing.assert_array_equal(actual[name], value, err_msg=f"{what}: {name}")
+
+
+def cases_for(device, kind, dtype):
+    return [
+        make_case(kind, shape, variant, dtype, seed=1000 * i + variant)
+        for i, shape in enumerate(shapes_for(device))
+        for variant in range(len(variants(kind)))
+    ]
+
+
+@pytest.fixture
+def restore_threads():
+    yield
+    rnncore.set_num_threads(0)
+
+
+@pytest.mark.parametrize("device", devices_under_test())
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_count_does_not_change_bits(device, kind, restore_threads):
+    for dtype in dtypes_for(device):
+        cases = cases_for(device, kind, dtype)
+        rnncore.set_num_threads(1)
+        expected = [outputs(c, device) for c in cases]
+        for n in THREAD_COUNTS[1:]:
+            rnncore.set_num_threads(n)
+            for i, c in enumerate(cases):
+                what = f"{device} {kind} {np.dtype(dtype).name} case {i} with {n} threads"
+                assert_same_bits(outputs(c, device), expected[i], what)
+
+
+def run_together(jobs):
+    """Runs every job (a callable) on its own Python thread, all released at once."""
+    start = threading.Barrier(len(jobs))
+
+    def call(job):
+        start.wait()
+        return job()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(call, jobs))
+
+
+@pytest.mark.parametrize("device", devices_under_test())
+@pytest.mark.parametrize("kind", KINDS)
+def test_concurrent_calls_match_serial_calls(device, kind, restore_threads):
+    rnncore.set_num_threads(0)
+    for dtype in dtypes_for(device):
+        cases = cases_for(device, kind, dtype)
+        serial = [outputs(c, device) for c in cases]
+        name = np.dtype(dtype).name
+        # Shared inputs: 8 threads make the same call on the same arrays.
+        for i, c in enumerate(cases):
+            for got in run_together([lambda c=c: outputs(c, device)] * 8):
+                assert_same_bits(got, serial[i], f"{device} {kind} {name} case {i}, shared")
+        # Separate inputs: 8 threads make 8 different calls.
+        order = [i % len(cases) for i in range(8)]
+        for shift in (0, 3):
+            picked = [(i + shift) % len(cases) for i in order]
+            results = run_together([lambda c=cases[i]: outputs(c, device) for i in picked])
+            for i, got in zip(picked, results):
+                assert_same_bits(got, serial[i], f"{device} {kind} {name} case {i}, separate")
+
+
+def test_bidirectional_lstm_from_8_threads_matches_alone(restore_threads):
+    """Issue 10, defect 6: a bidirectional LSTM forward (float32, CPU, T=30 N=32 I=64
+    H=128) from 8 threads at once gave other last bits than the same call alone."""
+    rng = np.random.default_rng(6)
+    T, N, I, H = 30, 32, 64, 128  # noqa: E741 (the contract's names)
+    x = rng.standard_normal((T, N, I)).astype(np.float32)
+    W = (rng.standard_normal((2 * 4 * H, I)) / np.sqrt(I)).astype(np.float32)
+    R = (0.8 * rng.standard_normal((2, 4 * H, H)) / np.sqrt(H)).astype(np.float32)
+    b = (0.2 * rng.standard_normal(2 * 4 * H)).astype(np.float32)
+    d = rnncore.LSTMDescriptor(bidirectional=True)
+
+    def call():
+        return rnncore.lstm(x, R, W, b, descriptor=d, device="cpu").state.copy()
+
+    alone = call()
+    for n in THREAD_COUNTS:
+        rnncore.set_num_threads(n)
         for _ in range(3):
-            concurrent_results = list(pool.map(_run, cases))
-            for (y0, g0), (y1, g1) in zip(serial, concurrent_results):
-                np.testing.assert_array_equal(y0, y1)
-                tol = 1e-5 if y0.dtype == np.float32 else 1e-12
-                np.testing.assert_allclose(g1, g0, rtol=tol, atol=tol * np.abs(g0).max())
+            for y in run_together([call] * 8):
+                np.testing.assert_array_equal(y, alone)
+        np.testing.assert_array_equal(call(), alone)

@@ -1,5 +1,5 @@
 // The CPU backend: BLAS for the products, hand-written fused passes for the gates, and
-// the two directions of a bidirectional layer on two threads.
+// work split into chunks fixed by the problem's shape that the pool's threads claim.
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -96,19 +96,26 @@ bool blas_path_forced() {
   return forced;
 }
 
-// BPTT with the batch rows of each direction split over the pool (no synchronisation
-// inside the time loop), then the weight-gradient reductions over all rows.
+// BPTT with the batch rows of each direction split into slices that the pool's threads
+// claim (no synchronisation inside the time loop), then the weight-gradient reductions
+// over all rows. The packed kernels give every row the same bits however the rows are
+// sliced (see BackwardSlice), so the slices follow the threads a call can have now: one
+// per thread (16 rows or more each), or every row in one slice when the call runs alone.
+// The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 16 rows a slice: BLAS
+// may sum another way for another row count.
 template <class T>
 void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   ThreadPool& pool = ThreadPool::instance();
   const int64_t N = p.N, H = p.H, TNH = p.T * p.N * p.H;
-  // At least 4 rows a slice: fewer leave too little work per step for a core.
-  const int per_dir = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(std::max(1, pool.max_threads() / static_cast<int>(p.D)), N / 4)));
-  const int slices = per_dir * static_cast<int>(p.D);
+  const int64_t groups = (N + kProductRows - 1) / kProductRows;
+  const int64_t threads = blas_path_forced() ? 8 * p.D : pool.available();
+  const int64_t per_dir =
+      std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, threads / p.D), N / 16));
+  const int64_t slices = per_dir * p.D;
   std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
-  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(slices * 4 * H) : 0, T(0));
+  std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(p.D * groups * 4 * H) : 0,
+                    T(0));
   // R packed once per direction for the per-step products.
   std::vector<T> packed[2], packed_o[2];
   if (!blas_path_forced())
@@ -124,32 +131,26 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
         ops.pack_columns(R + 2 * H * H, H, H, packed_o[d].data());
       }
     }
-  auto run = [&](int k) {
-    const int d = k / per_dir, part = k % per_dir;
-    const int64_t n0 = N * part / per_dir, n1 = N * (part + 1) / per_dir;
+  // A single slice runs on the caller, leaving the pool to its per-step products.
+  pool.parallel_for(slices, [&](int64_t k) {
+    const int64_t d = k / per_dir, part = k % per_dir;
+    const int64_t n0 = groups * part / per_dir * kProductRows;
+    const int64_t n1 = std::min(N, groups * (part + 1) / per_dir * kProductRows);
     BackwardSlice<T> sl{n1 - n0,
                         hm_all.data() + d * TNH + n0 * H,
                         side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
-                        dP.empty() ? nullptr : dP.data() + k * 4 * H,
+                        dP.empty() ? nullptr : dP.data() + (d * groups + n0 / kProductRows) * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
                         packed_o[d].empty() ? nullptr : packed_o[d].data()};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
-  };
-  // Never more threads than the pool allows: the slices are then taken in turn. A single
-  // slice runs on the caller, leaving the pool to its per-step products.
-  if (slices == 1)
-    run(0);
-  else
-    pool.run(std::min(slices, pool.max_threads()), [&](int tid, int team) {
-      for (int k = tid; k < slices; k += team) run(k);
-    });
+  });
   for (int64_t d = 0; d < p.D; ++d) {
     reduce<T>(p, dirs[d], hm_all.data() + d * TNH, side.empty() ? nullptr : side.data() + d * TNH);
     if (dirs[d].dP) {
       T* out = static_cast<T*>(dirs[d].dP);
       for (int64_t j = 0; j < 4 * H; ++j) {
         T sum = T(0);
-        for (int part = 0; part < per_dir; ++part) sum += dP[(d * per_dir + part) * 4 * H + j];
+        for (int64_t g = 0; g < groups; ++g) sum += dP[(d * groups + g) * 4 * H + j];
         out[j] = sum;
       }
     }
@@ -164,21 +165,28 @@ void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const
     parallel_gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
   if (dW) parallel_gemm<T>(true, false, cols, I, rows, T(1), dxp, cols, source, I, T(0), dW, I);
   if (dbias) {
-    for (int64_t j = 0; j < cols; ++j) dbias[j] = T(0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j) dbias[j] += dxp[r * cols + j];
+    // Column sums, each in row order, by blocks of columns the pool's threads claim.
+    const int64_t block = 256;
+    const int64_t blocks = rows * cols >= (int64_t(1) << 18) ? (cols + block - 1) / block : 1;
+    ThreadPool::instance().parallel_for(blocks, [&](int64_t b) {
+      const int64_t j0 = cols * b / blocks, j1 = cols * (b + 1) / blocks;
+      for (int64_t j = j0; j < j1; ++j) dbias[j] = T(0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = j0; j < j1; ++j) dbias[j] += dxp[r * cols + j];
+    });
   }
 }
 
-// Runs f(dirs[d]) for every direction, the two of a bidirectional layer on two threads of
-// the pool when it allows two and the work pays for a thread (about a million
-// multiply-adds).
+// Runs f(dirs[d]) for every direction, the two of a bidirectional layer claimed by two
+// threads of the pool when the work pays for a thread (about a million multiply-adds).
 template <class Dir, class F>
 void for_each_direction(const Problem& p, const Dir* dirs, F&& f) {
   const bool threaded = p.D == 2 && p.T * p.N * p.G * p.H * p.H >= (int64_t(1) << 20);
-  ThreadPool::instance().run(threaded ? 2 : 1, [&](int tid, int team) {
-    for (int64_t d = tid; d < p.D; d += team) f(dirs[d]);
-  });
+  if (!threaded) {
+    for (int64_t d = 0; d < p.D; ++d) f(dirs[d]);
+    return;
+  }
+  ThreadPool::instance().parallel_for(p.D, [&](int64_t d) { f(dirs[d]); });
 }
 
 template <class Dir>

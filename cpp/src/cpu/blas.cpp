@@ -106,20 +106,30 @@ void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
   gemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+GemmSplit gemm_split(int64_t M, int64_t N, int64_t K) {
+  // About 2^22 multiply-adds a part or more (a BLAS call and a claim cost a few us), parts
+  // of at least 16 rows (columns) starting at multiples of 16, and at most 4 of them:
+  // enough for the threads of a small machine to share the work dynamically; more parts
+  // cost a single thread 5-10% (each packs its share again, at smaller sizes). The longer
+  // side of C is split, so that each part packs only its own share of the other operand.
+  GemmSplit s;
+  s.by_rows = M >= N;
+  const int64_t side = s.by_rows ? M : N;
+  // (in double: the product of the sizes may not fit 64 bits)
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int64_t by_work = work >= 4.0 * (1 << 22) ? 4 : static_cast<int64_t>(work) >> 22;
+  s.parts = std::max<int64_t>(1, std::min<int64_t>({4, by_work, side / 16}));
+  s.side = side;
+  return s;
+}
+
 template <class T>
 void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  ThreadPool& pool = ThreadPool::instance();
-  // About 2^20 multiply-adds per thread before a split pays off. The longer side of C is
-  // split, so that each thread packs only its own share of the other operand.
-  const bool by_rows = M >= N;
-  const int64_t side = by_rows ? M : N;
-  const int64_t parts =
-      std::min<int64_t>(pool.max_threads(), std::max<int64_t>(1, M * N * K >> 20));
-  const int team = static_cast<int>(std::min<int64_t>(parts, std::max<int64_t>(1, side / 16)));
-  pool.run(team, [&](int tid, int used) {
-    const int64_t i0 = side * tid / used, i1 = side * (tid + 1) / used;
-    if (by_rows)
+  const GemmSplit sp = gemm_split(M, N, K);
+  ThreadPool::instance().parallel_for(sp.parts, [&](int64_t part) {
+    const int64_t i0 = sp.begin(part), i1 = sp.begin(part + 1);
+    if (sp.by_rows)
       gemm<T>(ta, tb, i1 - i0, N, K, alpha, ta ? A + i0 : A + i0 * lda, lda, B, ldb, beta,
               C + i0 * ldc, ldc);
     else

@@ -1,6 +1,7 @@
 // The only door to BLAS: row-major GEMM in float and double, and what library is behind it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -12,8 +13,22 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
-// gemm with the rows of C split over the thread pool, each part a single-threaded BLAS
-// call: BLAS's own threads would fight the pool's (and spin on the cores it needs).
+// How parallel_gemm splits C: `parts` blocks of rows (by_rows) or columns, part i starting
+// at begin(i). A function of the shape alone, never of the threads: BLAS may sum a block
+// in another order (another kernel) when its size changes, so the split must not change
+// with the thread count or with whether the pool is free.
+struct GemmSplit {
+  bool by_rows;
+  int64_t parts, side;
+  int64_t begin(int64_t i) const {
+    return i >= parts ? side : std::min(side, (side * i / parts + 8) / 16 * 16);
+  }
+};
+GemmSplit gemm_split(int64_t M, int64_t N, int64_t K);
+
+// gemm with C split as gemm_split says, each part a single-threaded BLAS call claimed by a
+// thread of the pool: BLAS's own threads would fight the pool's (and spin on the cores it
+// needs).
 template <class T>
 void parallel_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cpu/thread_pool.hpp"
 #include "rnncore/error.hpp"
@@ -50,12 +51,16 @@ template <class T>
 void fused_forward_impl(const detail::Problem& p, const detail::DirectionForward* dirs) {
   const FusedOps<T>& k = fused_kernels().ops<T>();
   ThreadPool& pool = ThreadPool::instance();
-  const int max_threads = pool.max_threads();
-  // A thread must have enough work per step to pay for the barrier (~0.1-0.3 us).
-  const int64_t macs = p.N * p.G * p.H * p.H;
   const int64_t nb = (p.H + k.width - 1) / k.width;
-  int per_dir = static_cast<int>(std::min<int64_t>(macs / 65536 + 1, nb));
-  per_dir = std::max(1, std::min(per_dir, std::max(1, max_threads / static_cast<int>(p.D))));
+  // Chunks of panels, fixed by the shape (the bits do not depend on them anyway): about
+  // 64k multiply-adds a step or more each, so that claiming one (~0.1 us) is cheap beside
+  // its work, and at most 64 per direction.
+  const int64_t panel_macs = std::max<int64_t>(1, p.N * p.G * p.H * k.width);
+  const int64_t per_chunk =
+      std::max((int64_t(65536) + panel_macs - 1) / panel_macs, (nb + 63) / 64);
+  const int64_t C = (nb + per_chunk - 1) / per_chunk;  // chunks per direction
+  const int phases = k.phases(p);
+  const int64_t stages = 1 + p.T * phases;  // packing, then every phase of every step
 
   const int64_t ws_elems = k.workspace(p);
   std::unique_ptr<T, AlignedFree> ws[2];
@@ -64,19 +69,41 @@ void fused_forward_impl(const detail::Problem& p, const detail::DirectionForward
     ws[d].reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!ws[d]) throw std::bad_alloc();
   }
-  SpinBarrier barriers[2] = {SpinBarrier(per_dir), SpinBarrier(per_dir)};
-  // With one thread per direction there are no barriers, and fewer threads than
-  // directions take the directions in turn.
-  const int want =
-      per_dir == 1 ? std::min(static_cast<int>(p.D), max_threads) : per_dir * static_cast<int>(p.D);
-  pool.run(want, [&](int tid, int team) {
-    if (per_dir == 1 || team < want) {
-      for (int64_t d = tid; d < p.D; d += team) k.forward(p, dirs[d], ws[d].get(), nullptr, 0, 1);
-      return;
-    }
-    const int d = tid / per_dir;
-    k.forward(p, dirs[d], ws[d].get(), &barriers[d], tid % per_dir, per_dir);
+  const int64_t blk = (k.block(p) + 15) / 16 * 16;
+  auto chunk = [&](T* scratch, int64_t stage, int64_t ch) {
+    const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
+    if (stage == 0)
+      k.pack(p, dirs[d], ws[d].get(), b0, b1);
+    else
+      k.step(p, dirs[d], ws[d].get(), (stage - 1) / phases, static_cast<int>((stage - 1) % phases),
+             b0, b1, scratch);
+  };
+  auto serial = [&](int64_t d, T* scratch) {
+    for (int64_t stage = 0; stage < stages; ++stage)
+      for (int64_t c = 0; c < C; ++c) chunk(scratch, stage, d * C + c);
+  };
+
+  const int participants = static_cast<int>(std::min<int64_t>(pool.max_threads(), p.D * C));
+  if (C == 1) {
+    // A direction is one chain of small steps: the directions run side by side, each on
+    // one thread, with nothing to wait for inside.
+    pool.parallel_for(p.D, [&](int64_t d) {
+      std::vector<T> scratch(static_cast<size_t>(blk));
+      serial(d, scratch.data());
+    });
+    return;
+  }
+  std::unique_ptr<T, AlignedFree> scratch(
+      static_cast<T*>(std::aligned_alloc(64, static_cast<size_t>(participants * blk) * sizeof(T))));
+  if (!scratch) throw std::bad_alloc();
+  if (participants <= 1) {
+    for (int64_t d = 0; d < p.D; ++d) serial(d, scratch.get());
+    return;
+  }
+  StagedJob job(stages, p.D * C, participants, [&](int slot, int64_t stage, int64_t ch) {
+    chunk(scratch.get() + slot * blk, stage, ch);
   });
+  job.run(pool);
 }
 
 void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs) {

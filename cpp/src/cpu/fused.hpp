@@ -1,6 +1,6 @@
 // Fused recurrences: the recurrent weight packed once per call in the order the step
 // kernel reads it, a register-blocked product whose epilogue does the gate math in L1,
-// and a team of threads that splits the hidden units and meets once per step.
+// and chunks of hidden units that the pool's threads claim step after step.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +9,25 @@
 
 namespace rnncore::cpu {
 
-class SpinBarrier;
+// Rows of A that matmul (the backward steps' product) takes per register tile, on every
+// instruction set. A row's arithmetic depends only on where it sits in its tile, so
+// splitting the rows at multiples of this leaves every row's bits unchanged.
+constexpr int kProductRows = 8;
 
 // The entry points of one scalar type (fused_kernels.hpp compiled per instruction set).
 template <class T>
 struct FusedOps {
   int width;  // elements per vector
-  // Runs one direction with `team` threads; tid is this thread's index. Every thread of
-  // the team calls it with the same arguments; `shared` is the direction's workspace.
-  void (*forward)(const detail::Problem& p, const detail::DirectionForward& a, T* shared,
-                  SpinBarrier* barrier, int tid, int team);
+  // One direction's forward, by panels of `width` hidden units: pack() packs the panels
+  // [b0, b1) of R into the direction's workspace `ws` and sets up their units; step() runs
+  // phase `phase` (of phases(p)) of step s for them, with `blk` (block(p) elements) as
+  // scratch. A phase may start once that before it is done for every panel.
+  void (*pack)(const detail::Problem& p, const detail::DirectionForward& a, T* ws, int64_t b0,
+               int64_t b1);
+  void (*step)(const detail::Problem& p, const detail::DirectionForward& a, T* ws, int64_t s,
+               int phase, int64_t b0, int64_t b1, T* blk);
+  int (*phases)(const detail::Problem& p);
+  int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
   int64_t (*workspace)(const detail::Problem& p);
   // Packs B [K, n] (row-major) into column panels of `width` for matmul: ceil(n/width)

@@ -7,7 +7,8 @@ namespace {
 template <class T, int W>
 FusedOps<T> ops() {
   using F = Fused<T, W>;
-  return {W, &F::forward, &F::workspace, &F::pack_columns, &F::matmul};
+  return {W,         &F::pack,      &F::step,         &F::phases,
+          &F::block, &F::workspace, &F::pack_columns, &F::matmul};
 }
 
 }  // namespace

@@ -4,11 +4,11 @@
 // Per step and direction the work is acc[N, G*H] = h̃[N, H] R^T plus the gate math. R is
 // packed once per call into panels of W hidden units: panel b holds, for every k, the G
 // gate rows of units b*W .. b*W+W-1 side by side ([k][g][w]), so one k-step of the tile
-// loads G vectors of R and broadcasts M values of h̃ into M*G accumulators. A thread owns
-// a range of panels (it packs them itself, so they stay in its cache across steps) and
-// finishes the gate math of its units in the tile's epilogue, while the pre-activations
-// are still in L1. The team meets at one barrier per step (two for a reset-before GRU,
-// whose candidate product needs r of every unit).
+// loads G vectors of R and broadcasts M values of h̃ into M*G accumulators, and the gate
+// math of the panel's units runs in the tile's epilogue, while the pre-activations are
+// still in L1. fused.cpp schedules the panels: chunks of them are packed and then run
+// step after step by whichever thread claims them (each unit's arithmetic is the same
+// whoever runs it, so the bits do not depend on the threads).
 #pragma once
 
 #include <algorithm>
@@ -39,6 +39,7 @@ struct Fused {  // S: the scalar type
 
   using Problem = detail::Problem;
   using Dir = detail::DirectionForward;
+  static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
@@ -128,7 +129,8 @@ struct Fused {  // S: the scalar type
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
   template <int G>
-  static void pack(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1, S* Bp) {
+  static void pack_panels(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
+                          S* Bp) {
     for (int64_t b = b0; b < b1; ++b) {
       S* panel = Bp + b * H * G * W;
       for (int g = 0; g < G; ++g)
@@ -140,21 +142,17 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  struct Split {
-    int64_t b0, b1;
-  };
-  static Split split(int64_t nb, int tid, int team) {
-    return {nb * tid / team, nb * (tid + 1) / team};
-  }
-
-  static void sync(SpinBarrier* barrier, int team) {
-    if (team > 1) barrier->wait();
-  }
-
   // Workspace (elements): packed panels, two masked-state buffers, zeros, and per-op extras.
   static int64_t workspace(const Problem& p) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
     return nb * p.H * p.G * W + 5 * NH + 64;
+  }
+  // Scratch of one participant: the products of one panel for every row.
+  static int64_t block(const Problem& p) { return p.N * p.G * W; }
+  // A reset-before GRU runs each step in two phases: its candidate product needs r of
+  // every unit.
+  static int phases(const Problem& p) {
+    return p.op == detail::OpKind::Gru && !p.reset_after ? 2 : 1;
   }
 
   // Shared per-direction state of a call.
@@ -182,7 +180,7 @@ struct Fused {  // S: the scalar type
     int64_t ld;
   };
 
-  // Sets up the units [u0, u1) of this thread for step 0: zeros, and h̃[0] when masked.
+  // Sets up the units [u0, u1) for step 0: zeros, and h̃[0] when masked.
   static void init_units(const Problem& p, const Dir& a, const Buffers& bf, int64_t u0,
                          int64_t u1) {
     const S* h0 = static_cast<const S*>(a.h0);
@@ -218,108 +216,137 @@ struct Fused {  // S: the scalar type
   static int64_t time_in(const Dir& a, int64_t s, int64_t T) { return a.flip_in ? T - 1 - s : s; }
   static int64_t time_out(const Dir& a, int64_t s, int64_t T) { return a.flip_out ? T - 1 - s : s; }
 
-  // ---- single-gate RNN ----------------------------------------------------------------
-  static void rnn(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
-    constexpr int G = 1;
-    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+  // Packs the recurrent weight's panels [b0, b1) (the rows of every gate for their units)
+  // and sets up their units for step 0. The reset-before GRU packs the z and r rows first,
+  // then the candidate rows, as two sets of panels.
+  static void pack(const Problem& p, const Dir& a, S* ws, int64_t b0, int64_t b1) {
+    const int64_t H = p.H, nb = (H + W - 1) / W;
     const Buffers bf = buffers(p, ws);
-    const Split sp = split(nb, tid, team);
-    static constexpr int gates[1] = {0};
-    pack<1>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
-    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
-    sync(barrier, team);
-    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
-    for (int64_t s = 0; s < T; ++s) {
-      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      S* y = static_cast<S*>(a.y) + time_out(a, s, T) * N * a.y_ld;
-      S* z = a.z ? static_cast<S*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
-      for (int64_t b = sp.b0; b < sp.b1; ++b) {
-        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
-        for (int64_t n = 0; n < N; ++n) {
-          S* v = blk.data() + n * G * W;
-          const S* xr = x + n * a.xp_ld + u0;
-          for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-          if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * sizeof(S));
-          act(p.gate_act[0], v);
-          store_h(a, bf, y, n, u0, wv, v, s, H);
-        }
+    const S* R = static_cast<const S*>(a.R);
+    switch (p.op) {
+      case detail::OpKind::Rnn: {
+        static constexpr int gates[1] = {0};
+        pack_panels<1>(R, H, gates, b0, b1, bf.panels);
+        break;
       }
-      sync(barrier, team);
+      case detail::OpKind::Lstm: {
+        static constexpr int gates[4] = {0, 1, 2, 3};
+        pack_panels<4>(R, H, gates, b0, b1, bf.panels);
+        break;
+      }
+      case detail::OpKind::Gru:
+        if (p.reset_after) {
+          static constexpr int gates[3] = {0, 1, 2};
+          pack_panels<3>(R, H, gates, b0, b1, bf.panels);
+        } else {
+          static constexpr int zr_gates[2] = {0, 1};
+          static constexpr int o_gates[1] = {2};
+          pack_panels<2>(R, H, zr_gates, b0, b1, bf.panels);
+          pack_panels<1>(R, H, o_gates, b0, b1, bf.panels + nb * H * 2 * W);
+        }
+        break;
+    }
+    init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
+  }
+
+  // Phase `phase` of step s for the units of panels [b0, b1); blk holds block(p) elements.
+  // Every unit's arithmetic is the same whichever panels share a call.
+  static void step(const Problem& p, const Dir& a, S* ws, int64_t s, int phase, int64_t b0,
+                   int64_t b1, S* blk) {
+    const Buffers bf = buffers(p, ws);
+    switch (p.op) {
+      case detail::OpKind::Rnn: return rnn(p, a, bf, s, b0, b1, blk);
+      case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk);
+      case detail::OpKind::Gru:
+        if (p.reset_after) return gru_after(p, a, bf, s, b0, b1, blk);
+        if (phase == 0) return gru_before_zr(p, a, bf, s, b0, b1, blk);
+        return gru_before_o(p, a, bf, s, b0, b1, blk);
+    }
+  }
+
+  // ---- single-gate RNN ----------------------------------------------------------------
+  static void rnn(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
+                  int64_t b1, S* blk) {
+    constexpr int G = 1;
+    const int64_t T = p.T, N = p.N, H = p.H;
+    const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+    S* y = static_cast<S*>(a.y) + time_out(a, s, T) * N * a.y_ld;
+    S* z = a.z ? static_cast<S*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      for (int64_t n = 0; n < N; ++n) {
+        S* v = blk + n * G * W;
+        const S* xr = x + n * a.xp_ld + u0;
+        for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+        if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * sizeof(S));
+        act(p.gate_act[0], v);
+        store_h(a, bf, y, n, u0, wv, v, s, H);
+      }
     }
   }
 
   // ---- LSTM -------------------------------------------------------------------------
-  static void lstm(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
+  // The cell entering step s: the initial cell (or zeros), else the previous step's.
+  static Rows prev_cell(const Problem& p, const Dir& a, const Buffers& bf, int64_t s) {
+    if (s == 0) return a.c0 ? Rows{static_cast<const S*>(a.c0), a.c0_ld} : Rows{bf.zeros, p.H};
+    return cell(p, a, bf, s - 1);
+  }
+  static Rows cell(const Problem& p, const Dir& a, const Buffers& bf, int64_t s) {
+    if (!a.c) return {bf.extra[s & 1], p.H};
+    return {static_cast<const S*>(a.c) + time_out(a, s, p.T) * p.N * a.c_ld, a.c_ld};
+  }
+
+  static void lstm(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
+                   int64_t b1, S* blk) {
     constexpr int G = 4;
-    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
-    const Buffers bf = buffers(p, ws);
-    const Split sp = split(nb, tid, team);
-    static constexpr int gates[4] = {0, 1, 2, 3};
-    pack<4>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
-    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
-    sync(barrier, team);
+    const int64_t T = p.T, N = p.N, H = p.H;
     const S* P = static_cast<const S*>(a.peephole);
     const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
-    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
     alignas(64) S phi[W];
-    Rows cprev = a.c0 ? Rows{static_cast<const S*>(a.c0), a.c0_ld} : Rows{bf.zeros, H};
-    for (int64_t s = 0; s < T; ++s) {
-      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-      const int64_t tout = time_out(a, s, T);
-      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
-      const Rows c =
-          a.c ? Rows{static_cast<S*>(a.c) + tout * N * a.c_ld, a.c_ld} : Rows{bf.extra[s & 1], H};
-      for (int64_t b = sp.b0; b < sp.b1; ++b) {
-        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
-        // Full panels (all of them when W divides H) get loops of a constant length.
-        auto row = [&](auto full, int64_t n) {
-          const int64_t L = decltype(full)::value ? int64_t(W) : wv;
-          S* v = blk.data() + n * G * W;
-          const S* xr = x + n * a.xp_ld + u0;
-          const S* cp = cprev.data + n * cprev.ld + u0;
+    const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
+    const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const int64_t tout = time_out(a, s, T);
+    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      // Full panels (all of them when W divides H) get loops of a constant length.
+      auto row = [&](auto full, int64_t n) {
+        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
+        S* v = blk + n * G * W;
+        const S* xr = x + n * a.xp_ld + u0;
+        const S* cp = cprev.data + n * cprev.ld + u0;
+        for (int g = 0; g < G; ++g)
+          for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
+        if (P)
           for (int g = 0; g < G; ++g)
-            for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
-          if (P)
-            for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
-          if (z)
-            for (int g = 0; g < G; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
-                          static_cast<size_t>(L) * sizeof(S));
-          for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
-          S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
-          for (int w = 0; w < W; ++w) phi[w] = S(0);
-          for (int64_t w = 0; w < L; ++w) {
-            cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
-            phi[w] = cr[w];
-          }
-          act(p.cell_act, phi);
-          for (int64_t w = 0; w < L; ++w) phi[w] *= v[oo * W + w];
-          store_h(a, bf, y, n, u0, L, phi, s, H);
-        };
-        if (wv == W)
-          for (int64_t n = 0; n < N; ++n) row(std::true_type{}, n);
-        else
-          for (int64_t n = 0; n < N; ++n) row(std::false_type{}, n);
-      }
-      cprev = {c.data, c.ld};
-      sync(barrier, team);
+            for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
+        if (z)
+          for (int g = 0; g < G; ++g)
+            std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
+        for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
+        S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
+        for (int w = 0; w < W; ++w) phi[w] = S(0);
+        for (int64_t w = 0; w < L; ++w) {
+          cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
+          phi[w] = cr[w];
+        }
+        act(p.cell_act, phi);
+        for (int64_t w = 0; w < L; ++w) phi[w] *= v[oo * W + w];
+        store_h(a, bf, y, n, u0, L, phi, s, H);
+      };
+      if (wv == W)
+        for (int64_t n = 0; n < N; ++n) row(std::true_type{}, n);
+      else
+        for (int64_t n = 0; n < N; ++n) row(std::false_type{}, n);
     }
   }
 
   // ---- GRU ----------------------------------------------------------------------------
-  static void gru(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid, int team) {
-    if (p.reset_after)
-      gru_after(p, a, ws, barrier, tid, team);
-    else
-      gru_before(p, a, ws, barrier, tid, team);
-  }
-
   static void blend(const Problem& p, const S* zg, const S* hp, S* o, int64_t wv) {
     if (p.flip_z)
       for (int64_t w = 0; w < wv; ++w) o[w] = (S(1) - zg[w]) * hp[w] + zg[w] * o[w];
@@ -327,115 +354,106 @@ struct Fused {  // S: the scalar type
       for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (S(1) - zg[w]) * o[w];
   }
 
-  static void gru_after(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                        int team) {
+  static void gru_after(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
+                        int64_t b1, S* blk) {
     constexpr int G = 3;
-    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
-    const Buffers bf = buffers(p, ws);
-    const Split sp = split(nb, tid, team);
-    static constexpr int gates[3] = {0, 1, 2};
-    pack<3>(static_cast<const S*>(a.R), H, gates, sp.b0, sp.b1, bf.panels);
-    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
-    sync(barrier, team);
+    const int64_t T = p.T, N = p.N, H = p.H;
     const S* b2 = static_cast<const S*>(a.b2);
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    std::vector<S> blk(static_cast<size_t>(N * G * W));  // this thread's products
-    for (int64_t s = 0; s < T; ++s) {
-      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-      const int64_t tout = time_out(a, s, T);
-      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
-      for (int64_t b = sp.b0; b < sp.b1; ++b) {
-        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk.data());
-        for (int64_t n = 0; n < N; ++n) {
-          S* v = blk.data() + n * G * W;
-          const S* xr = x + n * a.xp_ld + u0;
-          for (int g = 0; g < 2; ++g)
-            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-          S* q = v + 2 * W;
-          if (b2)
-            for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
-          if (z) {
-            S* zr = z + n * a.z_ld + u0;
-            for (int g = 0; g < 3; ++g)
-              std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
-            std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * sizeof(S));
-          }
-          act(act_z, v + zo * W);
-          act(act_r, v + ro * W);
-          const S* rg = v + ro * W;
-          for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
-          act(act_o, q);
-          blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
-          store_h(a, bf, y, n, u0, wv, q, s, H);
+    const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const int64_t tout = time_out(a, s, T);
+    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      for (int64_t n = 0; n < N; ++n) {
+        S* v = blk + n * G * W;
+        const S* xr = x + n * a.xp_ld + u0;
+        for (int g = 0; g < 2; ++g)
+          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+        S* q = v + 2 * W;
+        if (b2)
+          for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
+        if (z) {
+          S* zr = z + n * a.z_ld + u0;
+          for (int g = 0; g < 3; ++g)
+            std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
+          std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * sizeof(S));
         }
+        act(act_z, v + zo * W);
+        act(act_r, v + ro * W);
+        const S* rg = v + ro * W;
+        for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
+        act(act_o, q);
+        blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
+        store_h(a, bf, y, n, u0, wv, q, s, H);
       }
-      sync(barrier, team);
     }
   }
 
-  static void gru_before(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                         int team) {
-    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
-    const Buffers bf = buffers(p, ws);
-    const Split sp = split(nb, tid, team);
-    // Panels of the z and r rows first, then those of the candidate rows.
-    S* pzr = bf.panels;
-    S* po = bf.panels + nb * H * 2 * W;
-    static constexpr int zr_gates[2] = {0, 1};
-    static constexpr int o_gates[1] = {2};
-    pack<2>(static_cast<const S*>(a.R), H, zr_gates, sp.b0, sp.b1, pzr);
-    pack<1>(static_cast<const S*>(a.R), H, o_gates, sp.b0, sp.b1, po);
-    init_units(p, a, bf, std::min(H, sp.b0 * W), std::min(H, sp.b1 * W));
-    sync(barrier, team);
-    S* zbuf = bf.extra[0];  // z of this step, [N, H]
-    S* ubuf = bf.extra[1];  // r ⊙ h̃, the candidate product's left operand
+  // Reset-before, phase 0: z and r of the units, and u = r ⊙ h̃ (the candidate product's
+  // left operand) into extra[1], z into extra[0].
+  static void gru_before_zr(const Problem& p, const Dir& a, const Buffers& bf, int64_t s,
+                            int64_t b0, int64_t b1, S* blk) {
+    const int64_t T = p.T, N = p.N, H = p.H;
+    const S* pzr = bf.panels;
+    S* zbuf = bf.extra[0];
+    S* ubuf = bf.extra[1];
     const int64_t zo = p.gru_z, ro = p.gru_r;
-    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
-    std::vector<S> blk(static_cast<size_t>(N * 2 * W));  // this thread's products
-    for (int64_t s = 0; s < T; ++s) {
-      const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-      const int64_t tout = time_out(a, s, T);
-      const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-      S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-      S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
-      for (int64_t b = sp.b0; b < sp.b1; ++b) {
-        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk.data());
-        for (int64_t n = 0; n < N; ++n) {
-          S* v = blk.data() + n * 2 * W;
-          const S* xr = x + n * a.xp_ld + u0;
+    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro];
+    const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const int64_t tout = time_out(a, s, T);
+    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk);
+      for (int64_t n = 0; n < N; ++n) {
+        S* v = blk + n * 2 * W;
+        const S* xr = x + n * a.xp_ld + u0;
+        for (int g = 0; g < 2; ++g)
+          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+        if (z)
           for (int g = 0; g < 2; ++g)
-            for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
-          if (z)
-            for (int g = 0; g < 2; ++g)
-              std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
-                          static_cast<size_t>(wv) * sizeof(S));
-          act(act_z, v + zo * W);
-          act(act_r, v + ro * W);
-          std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * sizeof(S));
-          const S* hm = A.data + n * A.ld + u0;
-          for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
-        }
+            std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
+                        static_cast<size_t>(wv) * sizeof(S));
+        act(act_z, v + zo * W);
+        act(act_r, v + ro * W);
+        std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * sizeof(S));
+        const S* hm = A.data + n * A.ld + u0;
+        for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
       }
-      sync(barrier, team);
-      for (int64_t b = sp.b0; b < sp.b1; ++b) {
-        const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-        block_product<1>(ubuf, H, N, H, po + b * H * W, blk.data());
-        for (int64_t n = 0; n < N; ++n) {
-          S* v = blk.data() + n * W;
-          const S* xr = x + n * a.xp_ld + 2 * H + u0;
-          for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
-          if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * sizeof(S));
-          act(act_o, v);
-          blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
-          store_h(a, bf, y, n, u0, wv, v, s, H);
-        }
+    }
+  }
+
+  // Reset-before, phase 1: the candidate from u of every unit, and the blend.
+  static void gru_before_o(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
+                           int64_t b1, S* blk) {
+    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const S* po = bf.panels + nb * H * 2 * W;
+    const S* zbuf = bf.extra[0];
+    const S* ubuf = bf.extra[1];
+    const Activation act_o = p.gate_act[2];
+    const Rows hp = prev_state(p, a, bf, s);
+    const int64_t tout = time_out(a, s, T);
+    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
+    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
+    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      block_product<1>(ubuf, H, N, H, po + b * H * W, blk);
+      for (int64_t n = 0; n < N; ++n) {
+        S* v = blk + n * W;
+        const S* xr = x + n * a.xp_ld + 2 * H + u0;
+        for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
+        if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * sizeof(S));
+        act(act_o, v);
+        blend(p, zbuf + n * H + u0, hp.data + n * hp.ld + u0, v, wv);
+        store_h(a, bf, y, n, u0, wv, v, s, H);
       }
-      sync(barrier, team);
     }
   }
 
@@ -465,15 +483,6 @@ struct Fused {  // S: the scalar type
         else
           for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
       }
-    }
-  }
-
-  static void forward(const Problem& p, const Dir& a, S* ws, SpinBarrier* barrier, int tid,
-                      int team) {
-    switch (p.op) {
-      case detail::OpKind::Rnn: return rnn(p, a, ws, barrier, tid, team);
-      case detail::OpKind::Lstm: return lstm(p, a, ws, barrier, tid, team);
-      case detail::OpKind::Gru: return gru(p, a, ws, barrier, tid, team);
     }
   }
 };

@@ -115,7 +115,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
       if (P)
         for (int64_t k = 0; k < 4; ++k)
           for (int64_t j = 0; j < H; ++j) {
-            dP[k * H + j] += dxr[k * H + j] * cpr[j];
+            dP[n / kProductRows * G4 + k * H + j] += dxr[k * H + j] * cpr[j];
             dcn[j] += dxr[k * H + j] * P[k * H + j];
           }
     }

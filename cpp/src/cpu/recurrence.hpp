@@ -67,8 +67,8 @@ Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int6
   return {out, H};
 }
 
-// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS (split over
-// the pool when the pool is free; inside a pool thread it runs on that thread).
+// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS (split as
+// parallel_gemm splits it, whichever threads run the parts).
 template <class T>
 void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_t rows, T* acc,
                        int64_t acc_ld) {
@@ -125,16 +125,19 @@ void lstm_forward(const Problem& p, const DirectionForward& a);
 template <class T>
 void gru_forward(const Problem& p, const DirectionForward& a);
 // A slice of the batch rows of one direction's BPTT: rows are independent until the
-// weight gradients, so each thread of the pool takes a slice and no thread waits for
-// another inside the time loop. The DirectionBackward pointers are offset to the slice's
-// first row; time steps are still p.N rows apart. hm_all and side are [T, N, H] buffers
-// of the whole batch (offset likewise) that the reduction after the loop reads.
+// weight gradients, so the threads of the pool claim slices and no thread waits for
+// another inside the time loop. Slices start at multiples of kProductRows (so a row's
+// products are tiled the same whatever the slicing) and sum dP per group of kProductRows
+// rows (summed in group order afterwards): the bits do not depend on how many slices
+// there are. The DirectionBackward pointers are offset to the slice's first row; time
+// steps are still p.N rows apart. hm_all and side are [T, N, H] buffers of the whole
+// batch (offset likewise) that the reduction after the loop reads.
 template <class T>
 struct BackwardSlice {
   int64_t rows;
   T* hm_all;  // h̃ (masked previous state) of every step, at input time
   T* side;    // GRU: u = r ⊙ h̃ (reset-before) or δq (reset-after)
-  T* dP;      // LSTM: this slice's part of the peephole gradient [4H], zeroed
+  T* dP;      // LSTM: the peephole gradient [4H] of each kProductRows rows, zeroed
   // R packed for the per-step product δa R (null: use BLAS). GRU reset-before packs its
   // two products separately: packed_R = R[0:2H], packed_Ro = R[2H:3H].
   const T* packed_R;
@@ -142,20 +145,21 @@ struct BackwardSlice {
 };
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
-// operand was packed, else BLAS. A backward slice that runs alone (batch 1) splits the
-// packed column panels over the pool; inside a pool job the pool is busy and the product
-// stays on the calling thread.
+// operand was packed, else BLAS. Big enough products (a backward slice that runs alone,
+// batch 1) are split into chunks of column panels that the pool's threads claim; inside a
+// pool job the pool is busy and the caller runs every chunk. Each column's arithmetic is
+// the same whichever chunk it is in.
 template <class T>
 void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
                   int64_t n, T* C, int64_t ldc, bool accumulate) {
   if (packed) {
     const auto& ops = fused_kernels().ops<T>();
     const int64_t w = ops.width, panels = (n + w - 1) / w;
-    // Below ~64k multiply-adds a fork/join costs more than it saves.
-    if (M * K * n < (int64_t(1) << 16) || panels < 2)
-      return ops.matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
-    ThreadPool::instance().run(2, [&](int tid, int team) {
-      const int64_t b0 = panels * tid / team, b1 = panels * (tid + 1) / team;
+    // About 64k multiply-adds a chunk or more: below that a claim costs more than it saves.
+    const int64_t chunks = std::min<int64_t>({panels, 8, std::max<int64_t>(1, (M * K * n) >> 16)});
+    if (chunks < 2) return ops.matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
+    ThreadPool::instance().parallel_for(chunks, [&](int64_t i) {
+      const int64_t b0 = panels * i / chunks, b1 = panels * (i + 1) / chunks;
       const int64_t j0 = b0 * w, j1 = std::min(n, b1 * w);
       if (j1 > j0) ops.matmul(A, lda, M, K, packed + b0 * K * w, j1 - j0, C + j0, ldc, accumulate);
     });

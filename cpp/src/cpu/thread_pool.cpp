@@ -1,39 +1,88 @@
 #include "cpu/thread_pool.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <string>
 
 #if defined(__linux__)
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#define RNNCORE_PAUSE() _mm_pause()
-#elif defined(__aarch64__)
-#define RNNCORE_PAUSE() asm volatile("yield")
-#else
-#define RNNCORE_PAUSE() ((void)0)
 #endif
 
 namespace rnncore::cpu {
 
-void SpinBarrier::wait() {
-  const uint32_t gen = generation_.load(std::memory_order_acquire);
-  if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-    count_.store(0, std::memory_order_relaxed);
-    generation_.store(gen + 1, std::memory_order_release);
-    return;
+void cpu_relax() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t spin_ns() { return 50000; }
+
+#if defined(__linux__)
+void WaitWord::sleep(uint32_t seen) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&value), FUTEX_WAIT_PRIVATE, seen, nullptr,
+          nullptr, 0);
+}
+void WaitWord::notify() {
+  if (sleepers.load(std::memory_order_seq_cst) != 0)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&value), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+#else
+// Elsewhere one process-wide condition variable stands in for the futex; a sleeper also
+// wakes up every millisecond to look again.
+namespace {
+std::mutex& parking_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::condition_variable& parking_cv() {
+  static std::condition_variable cv;
+  return cv;
+}
+}  // namespace
+void WaitWord::sleep(uint32_t seen) {
+  std::unique_lock<std::mutex> lock(parking_mutex());
+  if (value.load(std::memory_order_seq_cst) == seen)
+    parking_cv().wait_for(lock, std::chrono::milliseconds(1));
+}
+void WaitWord::notify() {
+  if (sleepers.load(std::memory_order_seq_cst) != 0) {
+    { std::lock_guard<std::mutex> lock(parking_mutex()); }
+    parking_cv().notify_all();
   }
-  for (int spins = 0; generation_.load(std::memory_order_acquire) == gen; ++spins) {
-    if (spins < 20000)
-      RNNCORE_PAUSE();
-    else
-      std::this_thread::yield();
-  }
+}
+#endif
+
+void WaitWord::bump() {
+  value.fetch_add(1, std::memory_order_seq_cst);
+  notify();
 }
 
 namespace {
+
+constexpr uint32_t kOpen = 1u << 31;
+constexpr uint32_t kInside = 0xffffu;
+constexpr int kJoinedShift = 16;
+constexpr int64_t kLateJoinNs = 500000;
 
 int usable_cores() {
 #if defined(__linux__)
@@ -43,6 +92,15 @@ int usable_cores() {
   const unsigned n = std::thread::hardware_concurrency();
   return n ? static_cast<int>(n) : 1;
 }
+
+// Whether this thread is running a job's work (nested calls then run inline).
+thread_local bool tls_in_job = false;
+
+struct InJob {
+  bool saved = tls_in_job;
+  InJob() { tls_in_job = true; }
+  ~InJob() { tls_in_job = saved; }
+};
 
 }  // namespace
 
@@ -60,89 +118,164 @@ ThreadPool& ThreadPool::instance() {
   return pool;
 }
 
-void ThreadPool::set_max_threads(int n) { max_threads_ = n > 0 ? n : usable_cores(); }
+void ThreadPool::set_max_threads(int n) {
+  max_threads_ = std::min(n > 0 ? n : usable_cores(), static_cast<int>(kInside) / 2);
+}
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(m_);
-    stop_ = true;
-  }
-  cv_.notify_all();
+  stop_.store(true, std::memory_order_seq_cst);
+  generation_.bump();
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::grow(int n) {
-  while (static_cast<int>(workers_.size()) < n - 1) {
-    const int id = static_cast<int>(workers_.size()) + 1;
-    workers_.emplace_back([this, id] { worker(id); });
+  const uint32_t seen = generation_.value.load(std::memory_order_relaxed);
+  while (static_cast<int>(workers_.size()) < n - 1)
+    workers_.emplace_back([this, seen] { worker(seen); });
+}
+
+void ThreadPool::worker(uint32_t seen) {
+  for (;;) {
+    generation_.wait(seen, spin_ns(), [&] {
+      return generation_.value.load(std::memory_order_acquire) != seen ||
+             stop_.load(std::memory_order_relaxed);
+    });
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.value.load(std::memory_order_acquire);
+    // Join the open job, if it still wants a worker: joining and being inside are one
+    // atomic word, so the caller that closes the job knows exactly whom to wait for.
+    int slot = 0;
+    uint32_t t = ticket_.value.load(std::memory_order_acquire);
+    while (t & kOpen) {
+      const int joined = static_cast<int>((t & ~kOpen) >> kJoinedShift);
+      if (joined >= want_.load(std::memory_order_relaxed)) break;
+      if (ticket_.value.compare_exchange_weak(t, t + (1u << kJoinedShift) + 1,
+                                              std::memory_order_acq_rel,
+                                              std::memory_order_acquire)) {
+        slot = joined + 1;
+        break;
+      }
+    }
+    if (!slot) continue;
+    // A worker that got a core long after the job was published was queued behind other
+    // threads: the machine is oversubscribed. It leaves the job to the caller rather than
+    // risk being descheduled with a chunk in hand.
+    if (now_ns() - published_ns_.load(std::memory_order_relaxed) > kLateJoinNs) {
+      report_stall();
+    } else {
+      InJob in;
+      job_->work(slot);  // jobs catch their own errors
+    }
+    const uint32_t left = ticket_.value.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if ((left & kInside) == 0 && !(left & kOpen)) ticket_.notify();
   }
 }
 
-void ThreadPool::worker(int id) {
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(int, int)>* job;
-    int team;
-    // Spin a little before sleeping: per-step calls come back within microseconds, and a
-    // futex wake-up costs tens of them.
-    for (int spins = 0; spins < 4000 && job_id_.load(std::memory_order_acquire) == seen; ++spins)
-      RNNCORE_PAUSE();
-    {
-      std::unique_lock<std::mutex> lock(m_);
-      cv_.wait(lock, [&] { return stop_ || job_id_.load() != seen; });
-      if (stop_) return;
-      seen = job_id_;
-      job = job_;
-      team = team_;
+int64_t ThreadPool::stall_after_ns(int64_t mean_chunk_ns) {
+  return std::max<int64_t>(250000, 16 * mean_chunk_ns);
+}
+
+void ThreadPool::report_stall() {
+  const int64_t base = 50000000, cap = 1000000000;
+  const int64_t now = now_ns();
+  int64_t b = backoff_ns_.load(std::memory_order_relaxed);
+  // Stalls that recur soon after a back-off ended double it; one long after resets it.
+  const int64_t until = contended_until_.load(std::memory_order_relaxed);
+  b = b == 0 || now - until > 2 * cap ? base : std::min(cap, 2 * b);
+  backoff_ns_.store(b, std::memory_order_relaxed);
+  contended_until_.store(now + b, std::memory_order_relaxed);
+}
+
+int ThreadPool::available() const {
+  if (tls_in_job || busy_.load(std::memory_order_relaxed) || contended()) return 1;
+  return max_threads();
+}
+
+bool ThreadPool::contended() const {
+  return now_ns() < contended_until_.load(std::memory_order_relaxed);
+}
+
+int ThreadPool::run(Job& job, int participants) {
+  const int n = std::min(participants, max_threads());
+  if (n <= 1 || tls_in_job || contended() || busy_.exchange(true, std::memory_order_acquire)) {
+    InJob in;
+    job.work(0);
+    return 1;
+  }
+  grow(n);
+  job_ = &job;
+  want_.store(n - 1, std::memory_order_relaxed);
+  published_ns_.store(now_ns(), std::memory_order_relaxed);
+  ticket_.value.store(kOpen, std::memory_order_release);
+  generation_.bump();
+  std::exception_ptr error;
+  const int64_t work_start = now_ns();
+  {
+    InJob in;
+    try {
+      job.work(0);
+    } catch (...) {
+      error = std::current_exception();
     }
-    if (id < team) {
+  }
+  const int64_t work_end = now_ns();
+  // Close: no worker joins from now on; wait for those inside (each is finishing a chunk
+  // it claimed, or about to find nothing left).
+  const uint32_t closed = ticket_.value.fetch_and(~kOpen, std::memory_order_acq_rel) & ~kOpen;
+  ticket_.wait(closed, spin_ns(),
+               [&] { return (ticket_.value.load(std::memory_order_acquire) & kInside) == 0; });
+  // Waiting for a worker much longer than the caller's whole share took: it was
+  // descheduled inside its last chunk.
+  if (now_ns() - work_end > stall_after_ns(work_end - work_start)) report_stall();
+  job_ = nullptr;
+  busy_.store(false, std::memory_order_release);
+  if (error) std::rethrow_exception(error);
+  return n;
+}
+
+namespace {
+
+class FlatJob final : public Job {
+ public:
+  FlatJob(int64_t n, const std::function<void(int64_t)>& fn) : n_(n), fn_(fn) {}
+  void work(int) override {
+    for (;;) {
+      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n_) return;
       try {
-        (*job)(id, team);
+        fn_(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(m_);
         if (!error_) error_ = std::current_exception();
+        next_.store(n_, std::memory_order_relaxed);  // no further chunks start
       }
-      remaining_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
+  std::exception_ptr error() const { return error_; }
+
+ private:
+  const int64_t n_;
+  const std::function<void(int64_t)>& fn_;
+  std::atomic<int64_t> next_{0};
+  std::mutex m_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void ThreadPool::parallel_for(int64_t chunks, const std::function<void(int64_t)>& fn,
+                              int participants) {
+  if (chunks <= 0) return;
+  if (chunks == 1) return fn(0);
+  FlatJob job(chunks, fn);
+  run(job, static_cast<int>(std::min<int64_t>(participants, chunks)));
+  if (job.error()) std::rethrow_exception(job.error());
 }
 
 int ThreadPool::run(int n, const std::function<void(int, int)>& fn) {
-  n = std::min(n, max_threads());
-  if (n <= 1) {
-    fn(0, 1);
-    return 1;
-  }
-  std::unique_lock<std::mutex> owner(busy_, std::try_to_lock);
-  if (!owner.owns_lock()) {
-    fn(0, 1);
-    return 1;
-  }
-  {
-    std::lock_guard<std::mutex> lock(m_);
-    grow(n);
-    job_ = &fn;
-    team_ = n;
-    error_ = nullptr;
-    remaining_.store(n - 1, std::memory_order_release);
-    ++job_id_;
-  }
-  cv_.notify_all();
-  std::exception_ptr mine;
-  try {
-    fn(0, n);
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  for (int spins = 0; remaining_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < 20000)
-      RNNCORE_PAUSE();
-    else
-      std::this_thread::yield();
-  }
-  if (mine) std::rethrow_exception(mine);
-  if (error_) std::rethrow_exception(error_);
-  return n;
+  const int team = std::max(1, std::min(n, max_threads()));
+  parallel_for(team, [&](int64_t tid) { fn(static_cast<int>(tid), team); });
+  return team;
 }
 
 }  // namespace rnncore::cpu
