@@ -119,4 +119,3 @@ kernel void selftest_large_frame(SELFTEST_PARAMS) {
   for (uint i = 0; i < 512; ++i) big[i] = data[tid] + float(i);
   data[tid] = big[(tid * 37) % 512] - float((tid * 37) % 512);
 }
-
