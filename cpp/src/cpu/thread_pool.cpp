@@ -224,9 +224,11 @@ int ThreadPool::run(Job& job, int participants) {
   const uint32_t closed = ticket_.value.fetch_and(~kOpen, std::memory_order_acq_rel) & ~kOpen;
   ticket_.wait(closed, spin_ns(),
                [&] { return (ticket_.value.load(std::memory_order_acquire) & kInside) == 0; });
-  // Waiting for a worker much longer than the caller's whole share took: it was
-  // descheduled inside its last chunk.
-  if (now_ns() - work_end > stall_after_ns(work_end - work_start)) report_stall();
+  // Waiting for a worker much longer than the caller's whole share took (it was
+  // descheduled inside its last chunk), or for over half as long (it runs at a fraction
+  // of a core: on a quiet machine the shares end together).
+  const int64_t waited = now_ns() - work_end, worked = work_end - work_start;
+  if (waited > stall_after_ns(worked) || (waited > 250000 && 2 * waited > worked)) report_stall();
   job_ = nullptr;
   busy_.store(false, std::memory_order_release);
   if (error) std::rethrow_exception(error);

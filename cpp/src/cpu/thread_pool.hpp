@@ -111,6 +111,9 @@ class ThreadPool {
   bool contended() const;
   // The longest wait for others that is not a stall, given the mean duration of a chunk.
   static int64_t stall_after_ns(int64_t mean_chunk_ns);
+  // Whether waiting wait_ns for others while working work_ns means they are starved of
+  // cores: more than twice the work, and over a millisecond.
+  static bool starved(int64_t wait_ns, int64_t work_ns) { return wait_ns > 1000000 + 2 * work_ns; }
 
   // The older interface (the Metal emulator's): fn(tid, team) for every tid in [0, team),
   // team = min(n, max_threads), each tid a chunk of parallel_for. Returns team.
@@ -204,23 +207,27 @@ class StagedJob final : public Job {
     std::atomic<uint64_t> word{0};
   };
 
-  struct Own {  // what one participant ran
-    int64_t chunks = 0, ns = 0;
+  struct Own {                                // what one participant ran
+    int64_t chunks = 0, ns = 0, wait_ns = 0;  // and how long it waited for others
   };
 
   // Waits until stage s may start: every chunk of stage s - 1 is done. A wait far longer
   // than a chunk takes was a wait for a descheduled thread: the rest of the job runs on
   // the caller alone, and the pool is told.
-  void wait_open(int64_t s, const Own& own) {
+  void wait_open(int64_t s, Own& own) {
     const int64_t need = s * chunks_;
     auto open = [&] { return done_.load(std::memory_order_acquire) >= need; };
     if (open()) return;
     const int64_t t0 = now_ns();
     epoch_.wait(epoch_.value.load(std::memory_order_seq_cst), spin_ns(), open);
     const int64_t dt = now_ns() - t0;
+    own.wait_ns += dt;
     const int64_t mean =
         std::max(own.chunks ? own.ns / own.chunks : 0, chunk_ns_.load(std::memory_order_relaxed));
-    if (dt > ThreadPool::stall_after_ns(mean) && !solo_.exchange(true, std::memory_order_relaxed))
+    // One long wait, or waits adding up to more than twice the work done (the others run
+    // at a fraction of a core).
+    if ((dt > ThreadPool::stall_after_ns(mean) || ThreadPool::starved(own.wait_ns, own.ns)) &&
+        !solo_.exchange(true, std::memory_order_relaxed))
       ThreadPool::instance().report_stall();
   }
 
