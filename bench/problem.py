@@ -2,7 +2,7 @@
 
 The weights are drawn once in PyTorch's layout (per direction: weight_ih, weight_hh,
 bias_ih, bias_hh, gate blocks r, z, n for the GRU and i, f, g, o for the LSTM) and mapped
-onto rnncore with the contract's mappings (shared/spec/semantics.md, "Mapping other
+onto rnncore with the contract's mappings (docs/semantics.md, "Mapping other
 frameworks onto the descriptors"), and onto ONNX and MLX with their own conventions.
 
 Gradients are compared in rnncore's layout ("canonical"): dx [T, N, I], dW [D·G·H, I],
