@@ -361,6 +361,10 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       },
       "other"_a.none());
   c.attr("__hash__") = nb::none();  // mutable
+  // The field names in order (as namedtuple's _fields): Python code reads them from here.
+  nb::list names;
+  for (const auto& f : fields<D>()) names.append(f.name);
+  c.attr("_fields") = nb::tuple(names);
   c.def("__repr__", [cls](const D& d) { return repr_of(cls, d); });
   c.def("__copy__", [](const D& d) { return D(d); });
   c.def(
