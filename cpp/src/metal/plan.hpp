@@ -51,8 +51,9 @@ enum class Buffer : uint8_t {
   RDelta,       // GRU reset-after: the deltas R sees
   Carry,        // [3, N, D*H] carried between gradient steps
   CellPrev,     // LSTM with peepholes: previous cell of every step
+  Count,        // not a buffer: the number of them
 };
-inline constexpr int kBufferCount = 38;
+inline constexpr int kBufferCount = static_cast<int>(Buffer::Count);
 const char* buffer_name(Buffer b);
 bool is_workspace(Buffer b);
 
