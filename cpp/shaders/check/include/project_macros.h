@@ -3,5 +3,6 @@
 // (a test snippet) reads as one that includes common.h. common.h's own definitions, the same
 // tokens, replace these where it is included.
 #define FUNCTION_CONSTANT(type, name, index) constant type name [[function_constant(index)]];
-#define REGISTER_KERNEL(adapter, name)
 #define THREADGROUP_BUFFER(type, name, index) threadgroup type* name [[threadgroup(index)]]
+#define INSTANTIATE_KERNEL(name, ...) \
+  template [[host_name(#name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;

@@ -233,13 +233,15 @@ constexpr size_t parameter_count(void (*)(P...)) {
 
 }  // namespace rnncore::metal::emu
 
-// Registers a kernel defined above with its table from the generated signatures (the table
-// and the parameter list must agree: checked when compiling).
-#define RNNCORE_EMULATED_KERNEL(name)                                                          \
-  static_assert(::rnncore::metal::emu::parameter_count(&::name) ==                             \
-                    std::size(::rnncore::metal::emu::signatures::name),                        \
-                "kernel " #name ": the signature table and the parameters differ");            \
-  static const bool name##_emulated_ = ::rnncore::metal::emu::register_kernel(                 \
-      #name, &::rnncore::metal::emu::invoke<&::name, ::rnncore::metal::emu::signatures::name>, \
-      ::rnncore::metal::emu::signatures::name,                                                 \
-      std::size(::rnncore::metal::emu::signatures::name));
+// Registers the function `name` (a kernel, or an instance of a kernel template, written after
+// the table's name) with the generated table of its signature; the table and the parameter
+// list must agree (checked when compiling).
+#define RNNCORE_EMULATED_KERNEL(name, table, ...)                                               \
+  static_assert(::rnncore::metal::emu::parameter_count(&::__VA_ARGS__) ==                       \
+                    std::size(::rnncore::metal::emu::signatures::table),                        \
+                "kernel " #name ": the signature table and the parameters differ");             \
+  static const bool name##_emulated_ = ::rnncore::metal::emu::register_kernel(                  \
+      #name,                                                                                    \
+      &::rnncore::metal::emu::invoke<&::__VA_ARGS__, ::rnncore::metal::emu::signatures::table>, \
+      ::rnncore::metal::emu::signatures::table,                                                 \
+      std::size(::rnncore::metal::emu::signatures::table));
