@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.hpp"
-#include "metal/emulator/registry.hpp"
+#include "metal/emulator/half.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 #include "rnncore/rnncore.hpp"

@@ -6,7 +6,10 @@
 // the kernels follow for this to be faithful are in cpp/shaders/README.md.
 #pragma once
 
-#include "metal/emulator/registry.hpp"
+#include <cmath>
+
+#include "metal/emulator/adapter.hpp"
+#include "metal/emulator/half.hpp"
 
 // ---- Metal Shading Language surface -------------------------------------------------------
 #define kernel
