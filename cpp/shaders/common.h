@@ -23,47 +23,47 @@ using namespace rnncore::kernels;
 RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
 #undef RNNCORE_DECLARE_CONSTANT
 
+// What both step signatures take, at the indices of their buffer table B (SB or BB): the
+// initial state and cell, the mask and the peepholes; then the params and thread positions.
+#define STEP_STATE_INPUTS(T, B)                                                \
+  device const T *h0 [[buffer(B##_H0), function_constant(has_init_state)]],    \
+      device const T *c0 [[buffer(B##_C0), function_constant(has_init_cell)]], \
+      device const T *mask [[buffer(B##_MASK), function_constant(has_mask)]],  \
+      device const T *peephole [[buffer(B##_PEEPHOLE), function_constant(has_peephole)]]
+#define STEP_THREAD_PARAMS(B)                                                                 \
+  constant StepParams &p [[buffer(B##_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
+
 // Every step kernel takes the same arguments (StepBuffer order); buffers an op does not use
 // are absent through their function constant.
-#define STEP_KERNEL_PARAMS(T)                                                                    \
-  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                      \
-      device const T *h0 [[buffer(SB_H0), function_constant(has_init_state)]],                   \
-      device const T *c0 [[buffer(SB_C0), function_constant(has_init_cell)]],                    \
-      device const T *mask [[buffer(SB_MASK), function_constant(has_mask)]],                     \
-      device const T *peephole [[buffer(SB_PEEPHOLE), function_constant(has_peephole)]],         \
-      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],               \
-      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]],   \
-      device T *z [[buffer(SB_Z), function_constant(training)]],                                 \
-      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]],                          \
-      constant StepParams &p [[buffer(SB_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
-      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
+#define STEP_KERNEL_PARAMS(T)                                                                  \
+  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                    \
+      STEP_STATE_INPUTS(T, SB),                                                                \
+      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],             \
+      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]], \
+      device T *z [[buffer(SB_Z), function_constant(training)]],                               \
+      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]], STEP_THREAD_PARAMS(SB)
 
 // Every gradient step kernel takes the same arguments (BackwardBuffer order). Inputs and
 // outputs are in the storage type T; what the steps keep for each other and for the
 // weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that float16
 // storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
-#define BACKWARD_KERNEL_PARAMS(T)                                                                \
-  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],                      \
-      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],                    \
-      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],                    \
-      device const T *h0 [[buffer(BB_H0), function_constant(has_init_state)]],                   \
-      device const T *c0 [[buffer(BB_C0), function_constant(has_init_cell)]],                    \
-      device const T *mask [[buffer(BB_MASK), function_constant(has_mask)]],                     \
-      device const T *peephole [[buffer(BB_PEEPHOLE), function_constant(has_peephole)]],         \
-      device const T *dy [[buffer(BB_DY)]],                                                      \
-      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],         \
-      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],         \
-      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],         \
-      device float *dxp [[buffer(BB_DXP)]],                                                      \
-      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],                 \
-      device float *htilde [[buffer(BB_HTILDE)]],                                                \
-      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                             \
-      device float *carry [[buffer(BB_CARRY)]],                                                  \
-      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],                 \
-      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                             \
-      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]],                             \
-      constant StepParams &p [[buffer(BB_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
-      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
+#define BACKWARD_KERNEL_PARAMS(T)                                                        \
+  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],              \
+      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],            \
+      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],            \
+      STEP_STATE_INPUTS(T, BB), device const T *dy [[buffer(BB_DY)]],                    \
+      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]], \
+      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]], \
+      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]], \
+      device float *dxp [[buffer(BB_DXP)]],                                              \
+      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],         \
+      device float *htilde [[buffer(BB_HTILDE)]],                                        \
+      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                     \
+      device float *carry [[buffer(BB_CARRY)]],                                          \
+      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],         \
+      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                     \
+      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]], STEP_THREAD_PARAMS(BB)
 
 // Opens every (forward or gradient) step kernel template <typename T, int NB>: simdgroup sg
 // owns hidden unit u of direction d for batch rows n0 .. n0 + NB - 1. A simdgroup past H
@@ -94,13 +94,7 @@ RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
 
 // Activation codes: rnncore::Activation's values, which the plan passes through act_0..act_3
 // and cell_act unchanged.
-enum ActivationCode : int32_t {
-  ACT_NONE = 0,
-  ACT_RELU = 1,
-  ACT_TANH = 2,
-  ACT_SIGMOID = 3,
-  ACT_HARD_SIGMOID = 4,
-};
+enum ActivationCode : int32_t { ACT_NONE, ACT_RELU, ACT_TANH, ACT_SIGMOID, ACT_HARD_SIGMOID };
 
 // The contract's activation table (float32 math; the logistic without overflow).
 inline float activate(int code, float x) {

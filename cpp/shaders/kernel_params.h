@@ -72,13 +72,7 @@ enum KernelSizes : int32_t {
 // Element (m, k) of A is A[z * a_zs + m * a_rs + k * a_cs]; likewise B and C, so one kernel
 // serves x W^T (the input projection), dX' W, dX'^T x and delta^T h (the weight gradients).
 // Without B (has_weight false) C = A + bias, with K = N.
-enum GemmBuffer : int32_t {
-  GB_A = 0,
-  GB_B = 1,
-  GB_BIAS = 2,
-  GB_C = 3,
-  GB_PARAMS = 4,
-};
+enum GemmBuffer : int32_t { GB_A, GB_B, GB_BIAS, GB_C, GB_PARAMS };
 
 struct GemmParams {
   int32_t M, N, K;
@@ -87,12 +81,7 @@ struct GemmParams {
 };
 
 // ---- column sums: out[z][c] = sum_r A[z*a_zs + r*lda + c] (* S[z*s_zs + r*lds + c % s_mod]) --
-enum ColumnSumBuffer : int32_t {
-  CB_A = 0,
-  CB_S = 1,
-  CB_OUT = 2,
-  CB_PARAMS = 3,
-};
+enum ColumnSumBuffer : int32_t { CB_A, CB_S, CB_OUT, CB_PARAMS };
 
 struct ColumnSumParams {
   int32_t rows, cols;
@@ -101,11 +90,7 @@ struct ColumnSumParams {
 };
 
 // ---- transpose: out[z][c][r] = in[z][r][c] ------------------------------------------------
-enum TransposeBuffer : int32_t {
-  TB_IN = 0,
-  TB_OUT = 1,
-  TB_PARAMS = 2,
-};
+enum TransposeBuffer : int32_t { TB_IN, TB_OUT, TB_PARAMS };
 
 struct TransposeParams {
   int32_t rows, cols;
