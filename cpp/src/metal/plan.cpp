@@ -1,5 +1,6 @@
-// Plans of the forward ops (see plan.hpp). The kernels index with 32-bit ints, so every
-// array must have fewer than 2^31 elements; larger shapes are refused here, by name.
+// The plans of the forward and gradient ops (see plan.hpp). The kernels index with 32-bit
+// ints, so every array must have fewer than 2^31 elements; larger shapes are refused here,
+// by name.
 #include "metal/plan.hpp"
 
 #include <cstring>

@@ -122,12 +122,13 @@ struct MaskShape {
   int64_t rows = 1, cols = 1;
 };
 
-// The dispatches of a forward op (float32, or float16 storage). Throws rnncore::ValueError naming
-// the op for shapes the kernels do not support (indices beyond 32 bits).
 // Refuses (ValueError naming the op) a problem with an array past the kernels' 32-bit
 // element indices; the plans call it, and the backend before it allocates anything.
 void check_extents(const detail::Problem& p, bool gradients);
 
+// The dispatches of a forward op (float32, or float16 storage): the input projection, then
+// one step dispatch per time step (two for a reset-before GRU). Refuses what check_extents
+// refuses.
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
 
 // Which gradient inputs and outputs a gradient call has (beyond what Problem says).

@@ -22,6 +22,8 @@ namespace rnncore::metal::emu {
 struct ConstantValues {
   static constexpr int32_t kCount = 64;  // indices the emulator takes (the kernels use < 50)
   int32_t value[kCount] = {};
+  // Set by the dispatch: reading a constant it does not set, or binding an argument
+  // conditional on one, raises DeviceError as Metal refuses to specialise the function.
   bool defined[kCount] = {};
   bool is_bool[kCount] = {};  // set as a bool, else as an int
 };
