@@ -8,12 +8,7 @@
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
 using namespace metal;
-#define FUNCTION_CONSTANT(type, name, index) constant type name [[function_constant(index)]];
-// A threadgroup-memory argument (the emulator gives all threads of a group one block).
-#define THREADGROUP_BUFFER(type, name, index) threadgroup type* name [[threadgroup(index)]]
-// One instance of a kernel template, under the name the plan dispatches (MLX's pattern).
-#define INSTANTIATE_KERNEL(name, ...) \
-  template [[host_name(#name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;
+#include "metal_macros.h"
 #endif
 
 using namespace rnncore::kernels;
