@@ -419,3 +419,38 @@ def test_the_script_fails_without_clang(monkeypatch, capsys):
     assert check_msl.find_clang() is None
     assert check_msl.main([]) == 2
     assert "no clang++ found" in capsys.readouterr().err
+
+
+_spec = importlib.util.spec_from_file_location(
+    "emulator_signatures", SHADERS / "check" / "emulator_signatures.py"
+)
+emulator_signatures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(emulator_signatures)
+
+TEMPLATE = """\
+template <typename T>
+kernel void twice(device T *y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+  y[i] = T(2.0f * float(y[i]));
+}
+INSTANTIATE_KERNEL(twice_f32, twice<float>)
+INSTANTIATE_KERNEL(twice_f16, twice<half>)
+"""
+
+
+def test_the_emulator_registers_each_instance_of_a_kernel_template(clang, tmp_path):
+    """One argument table per kernel template, one registration per [[host_name]]."""
+    text = emulator_signatures.generate(clang, [_write(tmp_path, "twice.metal", TEMPLATE)])
+    assert text.count("inline constexpr ArgSpec twice[]") == 1
+    assert '{"y", ArgKind::Buffer, (1), -1, nullptr},' in text
+    assert "RNNCORE_EMULATED_KERNEL(twice_f32, twice, twice < float >)" in text
+    assert "RNNCORE_EMULATED_KERNEL(twice_f16, twice, twice < half >)" in text
+
+
+def test_an_instance_of_no_kernel_template_is_refused(clang, tmp_path):
+    source = _write(
+        tmp_path, "stray.metal", TEMPLATE + "INSTANTIATE_KERNEL(thrice_f32, thrice<float>)\n"
+    )
+    with pytest.raises(
+        emulator_signatures.msl_source.SourceError, match="thrice_f32 instantiates thrice"
+    ):
+        emulator_signatures.generate(clang, [source])
