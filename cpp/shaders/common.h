@@ -221,6 +221,20 @@ inline void transposed_dot(device const float* delta, int ld, int col0, device c
   for (int j = 0; j < NB; ++j) acc[j] = simd_sum(acc[j]);
 }
 
+// The carry's product into gradient step p.step: the deltas of step p.step + 1 (rows of
+// `deltas` at input time, stride xp_ld, from column col0) times a row of R^T; zeros at the
+// last step, which nothing follows.
+template <typename T, int NB>
+inline void carried_dot(device const float* deltas, int col0, device const T* rt_row, int len,
+                        constant StepParams& p, int d, int n0, uint lane, thread float (&acc)[NB]) {
+  if (p.step + 1 < p.T) {
+    transposed_dot<T, NB>(deltas + time_in(p, d, p.step + 1) * p.N * p.xp_ld, p.xp_ld, col0, rt_row,
+                          len, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+}
+
 template <int NB>
 inline float lane_value(thread const float (&acc)[NB], uint lane) {
   float v = 0.0f;

@@ -145,12 +145,7 @@ kernel void gru_backward(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                          rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
+  carried_dot<T, NB>(rdelta, d * 3 * H, rt + (d * H + u) * 3 * H, 3 * H, p, d, n0, lane, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
@@ -189,12 +184,7 @@ kernel void gru_backward_zo(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                          rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
+  carried_dot<T, NB>(dxp, d * 3 * H, rt + (d * H + u) * 3 * H, 2 * H, p, d, n0, lane, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;

@@ -36,12 +36,7 @@ kernel void rnn_backward(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
-                          rt + (d * H + u) * H, H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
+  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
