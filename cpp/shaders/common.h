@@ -13,6 +13,7 @@ using namespace metal;
 
 using namespace rnncore::kernels;
 
+// Every function constant of kernel_params.h's table, declared at program scope.
 #define RNNCORE_DECLARE_CONSTANT(type, name, enumerator, index) \
   FUNCTION_CONSTANT(type, name, enumerator)
 RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
