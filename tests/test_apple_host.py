@@ -27,6 +27,7 @@ import subprocess
 import sys
 
 import pytest
+from clang_tool import require_clang
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(
@@ -52,16 +53,7 @@ def headers():
 
 @pytest.fixture(scope="module")
 def clang():
-    found = check.find_clang()
-    if found is None:
-        if os.environ.get("RNNCORE_SKIP_CLANG_CHECK") == "1":
-            pytest.skip("no clang++ for the Apple host check (RNNCORE_SKIP_CLANG_CHECK=1)")
-        pytest.fail(
-            "the Apple host check needs clang++ (apt-get install clang, or CLANGXX=...); "
-            "RNNCORE_SKIP_CLANG_CHECK=1 skips it",
-            pytrace=False,
-        )
-    return found
+    return require_clang(check.find_clang, "the Apple host checks")
 
 
 # ---- compile check ---------------------------------------------------------------------------

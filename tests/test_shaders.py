@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from clang_tool import require_clang
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHADERS = ROOT / "cpp" / "shaders"
@@ -35,18 +36,7 @@ ADDRESS_SPACE_DIAGNOSTIC = re.compile(
 
 @pytest.fixture(scope="module")
 def clang():
-    found = check_msl.find_clang()
-    if found is None:
-        if os.environ.get("RNNCORE_SKIP_CLANG_CHECK") == "1":
-            pytest.skip("no clang++ for the Metal static checks (RNNCORE_SKIP_CLANG_CHECK=1)")
-        wanted = os.environ.get("CLANGXX") or "clang++ / clang++-19 ... clang++-14"
-        pytest.fail(
-            f"the Metal static checks need clang++ and none was found ({wanted}): "
-            "install clang (apt-get install clang), point CLANGXX at one, or set "
-            "RNNCORE_SKIP_CLANG_CHECK=1 to skip these tests",
-            pytrace=False,
-        )
-    return found
+    return require_clang(check_msl.find_clang, "the Metal static checks")
 
 
 def _write(tmp_path, name, source):
@@ -139,6 +129,23 @@ def test_mixing_address_spaces_fails_the_check(clang, tmp_path, case):
 KERNEL = """
 kernel void k(device float *y [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
 """
+# The arguments of KERNEL, for snippets that change another one.
+OUT = "device float *y [[buffer(0)]]"
+INDEX = "uint i [[thread_index_in_threadgroup]]"
+
+
+def _signature(*arguments, body="y[i] = 1.0f;"):
+    """`kernel void k(...)` with one argument a line (a `// rejected` mark stays on its line)
+    and a one-line body."""
+    head = "kernel void k("
+    lines = []
+    for n, argument in enumerate(arguments):
+        text, mark, comment = argument.partition("  //")
+        end = "," if n + 1 < len(arguments) else ") {"
+        lines.append((head if n == 0 else " " * len(head)) + text + end + mark + comment)
+    return "\n".join(lines) + f"\n  {body}\n}}\n"
+
+
 REJECTED = {
     "goto": (
         r"goto",
@@ -272,22 +279,12 @@ struct Derived : Base {  // rejected
     ),
     "misspelt_buffer": (
         r"\[\[bufer\]\] is not an attribute MSL defines \(did you mean \[\[buffer\]\]\?\)",
-        """\
-kernel void k(device float *y [[bufer(0)]],  // rejected
-              uint i [[thread_index_in_threadgroup]]) {
-  y[i] = 1.0f;
-}
-""",
+        _signature("device float *y [[bufer(0)]]  // rejected", INDEX),
     ),
     "misspelt_position": (
         r"\[\[thread_index_in_simd_group\]\] is not an attribute MSL defines \(did you mean "
         r"\[\[thread_index_in_simdgroup\]\]\?\)",
-        """\
-kernel void k(device float *y [[buffer(0)]],
-              uint lane [[thread_index_in_simd_group]]) {  // rejected
-  y[lane] = 1.0f;
-}
-""",
+        _signature(OUT, "uint i [[thread_index_in_simd_group]]  // rejected"),
     ),
     "scoped_attribute": (
         r"\[\[gnu::always_inline\]\] is not an attribute MSL defines",
@@ -297,53 +294,37 @@ kernel void k(device float *y [[buffer(0)]],
     ),
     "attribute_arguments": (
         r"\[\[thread_index_in_simdgroup\]\] takes no arguments",
-        """\
-kernel void k(device float *y [[buffer(0)]],
-              uint lane [[thread_index_in_simdgroup(0)]]) {  // rejected
-  y[lane] = 1.0f;
-}
-""",
+        _signature(OUT, "uint i [[thread_index_in_simdgroup(0)]]  // rejected"),
     ),
     "buffer_index_range": (
         r"\[\[buffer\(31\)\]\]: index outside 0\.\.30",
-        """\
-kernel void k(device float *y [[buffer(31)]],  // rejected
-              uint i [[thread_index_in_threadgroup]]) {
-  y[i] = 1.0f;
-}
-""",
+        _signature("device float *y [[buffer(31)]]  // rejected", INDEX),
     ),
     "duplicate_buffer_index": (
         r"argument 'x': \[\[buffer\(0\)\]\] is also argument 'y'",
-        """\
-kernel void k(device float *y [[buffer(0)]],
-              device const float *x [[buffer(0)]],  // rejected
-              uint i [[thread_index_in_threadgroup]]) {
-  y[i] = x[i];
-}
-""",
+        _signature(
+            OUT, "device const float *x [[buffer(0)]]  // rejected", INDEX, body="y[i] = x[i];"
+        ),
     ),
     "argument_without_index": (
         r"argument 'x' needs exactly one of \[\[buffer\(i\)\]\]",
-        """\
-kernel void k(device float *y [[buffer(0)]],
-              device const float *x,  // rejected
-              uint i [[thread_index_in_threadgroup]]) {
-  y[i] = x[i];
-}
-""",
+        _signature(OUT, "device const float *x  // rejected", INDEX, body="y[i] = x[i];"),
     ),
     "unknown_function_constant": (
         r"function_constant\(has_scal\)\]\]: has_scal is not a function constant",
-        """\
-FUNCTION_CONSTANT(bool, has_scale, 45)
-
-kernel void k(device float *y [[buffer(0)]],
-              device const float *s [[buffer(1), function_constant(has_scal)]],  // rejected
-              uint i [[thread_index_in_threadgroup]]) {
-  if (has_scale) y[i] *= s[i];
-}
-""",
+        "FUNCTION_CONSTANT(bool, has_scale, 45)\n\n"
+        + _signature(
+            OUT,
+            "device const float *s [[buffer(1), function_constant(has_scal)]]  // rejected",
+            INDEX,
+            body="if (has_scale) y[i] *= s[i];",
+        ),
+    ),
+    "host_name_without_string": (
+        r"\[\[host_name\]\] takes one string",
+        "template <typename T>\nkernel void k(device T *y [[buffer(0)]], "
+        "uint i [[thread_index_in_threadgroup]]) {\n  y[i] = T(1.0f);\n}\n"
+        "template [[host_name(k_f32)]] [[kernel]] decltype(k<float>) k<float>;  // rejected\n",
     ),
 }
 
@@ -438,3 +419,38 @@ def test_the_script_fails_without_clang(monkeypatch, capsys):
     assert check_msl.find_clang() is None
     assert check_msl.main([]) == 2
     assert "no clang++ found" in capsys.readouterr().err
+
+
+_spec = importlib.util.spec_from_file_location(
+    "emulator_signatures", SHADERS / "check" / "emulator_signatures.py"
+)
+emulator_signatures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(emulator_signatures)
+
+TEMPLATE = """\
+template <typename T>
+kernel void twice(device T *y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+  y[i] = T(2.0f * float(y[i]));
+}
+INSTANTIATE_KERNEL(twice_f32, twice<float>)
+INSTANTIATE_KERNEL(twice_f16, twice<half>)
+"""
+
+
+def test_the_emulator_registers_each_instance_of_a_kernel_template(clang, tmp_path):
+    """One argument table per kernel template, one registration per [[host_name]]."""
+    text = emulator_signatures.generate(clang, [_write(tmp_path, "twice.metal", TEMPLATE)])
+    assert text.count("inline constexpr ArgSpec twice[]") == 1
+    assert '{"y", ArgKind::Buffer, (1), -1, nullptr},' in text
+    assert "RNNCORE_EMULATED_KERNEL(twice_f32, twice, twice < float >)" in text
+    assert "RNNCORE_EMULATED_KERNEL(twice_f16, twice, twice < half >)" in text
+
+
+def test_an_instance_of_no_kernel_template_is_refused(clang, tmp_path):
+    source = _write(
+        tmp_path, "stray.metal", TEMPLATE + "INSTANTIATE_KERNEL(thrice_f32, thrice<float>)\n"
+    )
+    with pytest.raises(
+        emulator_signatures.msl_source.SourceError, match="thrice_f32 instantiates thrice"
+    ):
+        emulator_signatures.generate(clang, [source])

@@ -1,6 +1,6 @@
 // Included by every .metal file: the Metal standard library (or, in the host emulator, the
-// shim that stands in for it), the function constants, the step kernels' common argument
-// list and the gate activations.
+// shim that stands in for it), the function constants, the step kernels' argument lists and
+// prologue, the gate activations and the helpers the step kernels share.
 #pragma once
 
 #include "kernel_params.h"
@@ -8,67 +8,89 @@
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
 using namespace metal;
-#define FUNCTION_CONSTANT(type, name, index) constant type name [[function_constant(index)]];
-// The metallib's function table is the registry on the GPU; the emulator registers here.
-#define REGISTER_KERNEL(adapter, name)
-// A threadgroup-memory argument (the emulator gives all threads of a group one block).
-#define THREADGROUP_BUFFER(type, name, index) threadgroup type* name [[threadgroup(index)]]
+#include "metal_macros.h"
 #endif
 
 using namespace rnncore::kernels;
 
-FUNCTION_CONSTANT(bool, has_weight, FC_HAS_WEIGHT)
-FUNCTION_CONSTANT(bool, has_bias, FC_HAS_BIAS)
-FUNCTION_CONSTANT(bool, has_init_state, FC_HAS_INIT_STATE)
-FUNCTION_CONSTANT(bool, has_init_cell, FC_HAS_INIT_CELL)
-FUNCTION_CONSTANT(bool, has_mask, FC_HAS_MASK)
-FUNCTION_CONSTANT(bool, has_peephole, FC_HAS_PEEPHOLE)
-FUNCTION_CONSTANT(bool, has_secondary_bias, FC_HAS_SECONDARY_BIAS)
-FUNCTION_CONSTANT(bool, training, FC_TRAINING)
-FUNCTION_CONSTANT(bool, flip_z, FC_FLIP_Z)
-FUNCTION_CONSTANT(bool, has_cell, FC_HAS_CELL)
-FUNCTION_CONSTANT(bool, has_workspace, FC_HAS_WORKSPACE)
-FUNCTION_CONSTANT(bool, has_dh_final, FC_HAS_DH_FINAL)
-FUNCTION_CONSTANT(bool, has_dc_final, FC_HAS_DC_FINAL)
-FUNCTION_CONSTANT(bool, has_dc_steps, FC_HAS_DC_STEPS)
-FUNCTION_CONSTANT(bool, want_dh0, FC_WANT_DH0)
-FUNCTION_CONSTANT(bool, want_dc0, FC_WANT_DC0)
-FUNCTION_CONSTANT(bool, has_scale, FC_HAS_SCALE)
-FUNCTION_CONSTANT(bool, has_hfwd, FC_HAS_HFWD)
-FUNCTION_CONSTANT(bool, has_cfwd, FC_HAS_CFWD)
-FUNCTION_CONSTANT(bool, has_rdelta, FC_HAS_RDELTA)
-FUNCTION_CONSTANT(bool, has_u, FC_HAS_U)
-FUNCTION_CONSTANT(int, act_0, FC_ACT_0)
-FUNCTION_CONSTANT(int, act_1, FC_ACT_1)
-FUNCTION_CONSTANT(int, act_2, FC_ACT_2)
-FUNCTION_CONSTANT(int, act_3, FC_ACT_3)
-FUNCTION_CONSTANT(int, cell_act, FC_CELL_ACT)
-FUNCTION_CONSTANT(int, gate_a, FC_GATE_A)
-FUNCTION_CONSTANT(int, gate_b, FC_GATE_B)
-FUNCTION_CONSTANT(int, gate_c, FC_GATE_C)
-FUNCTION_CONSTANT(int, gate_d, FC_GATE_D)
+// Every function constant of kernel_params.h's table, declared at program scope.
+#define RNNCORE_DECLARE_CONSTANT(type, name, enumerator, index) \
+  FUNCTION_CONSTANT(type, name, enumerator)
+RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
+#undef RNNCORE_DECLARE_CONSTANT
+
+// What both step signatures take, at the indices of their buffer table B (SB or BB): the
+// initial state and cell, the mask and the peepholes; then the params and thread positions.
+#define STEP_STATE_INPUTS(T, B)                                                \
+  device const T *h0 [[buffer(B##_H0), function_constant(has_init_state)]],    \
+      device const T *c0 [[buffer(B##_C0), function_constant(has_init_cell)]], \
+      device const T *mask [[buffer(B##_MASK), function_constant(has_mask)]],  \
+      device const T *peephole [[buffer(B##_PEEPHOLE), function_constant(has_peephole)]]
+#define STEP_THREAD_PARAMS(B)                                                                 \
+  constant StepParams &p [[buffer(B##_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
 // Every step kernel takes the same arguments (StepBuffer order); buffers an op does not use
 // are absent through their function constant.
-#define STEP_KERNEL_PARAMS(T)                                                                    \
-  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                      \
-      device const T *h0 [[buffer(SB_H0), function_constant(has_init_state)]],                   \
-      device const T *c0 [[buffer(SB_C0), function_constant(has_init_cell)]],                    \
-      device const T *mask [[buffer(SB_MASK), function_constant(has_mask)]],                     \
-      device const T *peephole [[buffer(SB_PEEPHOLE), function_constant(has_peephole)]],         \
-      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],               \
-      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]],   \
-      device T *z [[buffer(SB_Z), function_constant(training)]],                                 \
-      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]],                          \
-      constant StepParams &p [[buffer(SB_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
-      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
-#define STEP_KERNEL_ARGS xp, R, h0, c0, mask, peephole, b2, y, c, z, ws, p, tgid, sg, lane
-// The same list without attributes, for the step implementations (plain functions).
-#define STEP_IMPL_PARAMS(T)                                                                \
-  device const T *xp, device const T *R, device const T *h0, device const T *c0,           \
-      device const T *mask, device const T *peephole, device const T *b2, device T *y,     \
-      device T *c, device T *z, device T *ws, constant StepParams &p, uint3 tgid, uint sg, \
-      uint lane
+#define STEP_KERNEL_PARAMS(T)                                                                  \
+  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                    \
+      STEP_STATE_INPUTS(T, SB),                                                                \
+      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],             \
+      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]], \
+      device T *z [[buffer(SB_Z), function_constant(training)]],                               \
+      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]], STEP_THREAD_PARAMS(SB)
+
+// Every gradient step kernel takes the same arguments (BackwardBuffer order). Inputs and
+// outputs are in the storage type T; what the steps keep for each other and for the
+// weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that float16
+// storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
+#define BACKWARD_KERNEL_PARAMS(T)                                                        \
+  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],              \
+      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],            \
+      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],            \
+      STEP_STATE_INPUTS(T, BB), device const T *dy [[buffer(BB_DY)]],                    \
+      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]], \
+      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]], \
+      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]], \
+      device float *dxp [[buffer(BB_DXP)]],                                              \
+      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],         \
+      device float *htilde [[buffer(BB_HTILDE)]],                                        \
+      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                     \
+      device float *carry [[buffer(BB_CARRY)]],                                          \
+      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],         \
+      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                     \
+      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]], STEP_THREAD_PARAMS(BB)
+
+// Opens every (forward or gradient) step kernel template <typename T, int NB>: simdgroup sg
+// owns hidden unit u of direction d for batch rows n0 .. n0 + NB - 1. A simdgroup past H
+// returns whole, so no simd operation is left half-done.
+#define STEP_PROLOGUE                                    \
+  const int d = int(tgid.z);                             \
+  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg); \
+  const int n0 = int(tgid.y) * NB;                       \
+  if (u >= p.H) return
+
+// After the simdgroup's sums: lane j < NB finishes batch row n = n0 + j; the other lanes
+// return.
+#define STEP_LANE_ROW           \
+  const int n = n0 + int(lane); \
+  if (int(lane) >= NB || n >= p.N) return
+
+// The step kernels of an op for the four batch tiles and both storage types (float32, and
+// float16 with float32 arithmetic): <op>_b<NB>_<f32|f16>, the names the plan dispatches.
+#define INSTANTIATE_STEP_KERNELS(op)            \
+  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>) \
+  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)  \
+  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>) \
+  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)  \
+  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>) \
+  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)  \
+  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>) \
+  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)
+
+// Activation codes: rnncore::Activation's values, which the plan passes through act_0..act_3
+// and cell_act unchanged.
+enum ActivationCode : int32_t { ACT_NONE, ACT_RELU, ACT_TANH, ACT_SIGMOID, ACT_HARD_SIGMOID };
 
 // The contract's activation table (float32 math; the logistic without overflow).
 inline float activate(int code, float x) {
@@ -124,13 +146,18 @@ struct StepTimes {
   int t_in, t_out, t_prev;
 };
 
+// Time indices of processing step s (the contract's flips): at input time (x', dX') and at
+// output time (state, cell, training state).
+inline int time_in(constant StepParams& p, int d, int s) {
+  return d == 1 || p.reverse != 0 ? p.T - 1 - s : s;
+}
+inline int time_out(constant StepParams& p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
+
 inline StepTimes step_times(constant StepParams& p, int d) {
-  const bool flip_in = d == 1 || p.reverse != 0;
-  const bool flip_out = d == 1;
   StepTimes st;
-  st.t_in = flip_in ? p.T - 1 - p.step : p.step;
-  st.t_out = flip_out ? p.T - 1 - p.step : p.step;
-  st.t_prev = p.step == 0 ? -1 : (flip_out ? p.T - p.step : p.step - 1);
+  st.t_in = time_in(p, d, p.step);
+  st.t_out = time_out(p, d, p.step);
+  st.t_prev = p.step == 0 ? -1 : time_out(p, d, p.step - 1);
   return st;
 }
 
@@ -181,54 +208,6 @@ inline float row_value(thread const float (&acc)[NG][NB], int g, uint lane) {
 enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
 
 // ---- gradient steps ----------------------------------------------------------------------
-// Inputs and outputs are in the storage type T; what the steps keep for each other and for
-// the weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that float16
-// storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
-#define BACKWARD_KERNEL_PARAMS(T)                                                              \
-  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],                    \
-      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],                  \
-      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],                  \
-      device const T *h0 [[buffer(BB_H0), function_constant(has_init_state)]],                 \
-      device const T *c0 [[buffer(BB_C0), function_constant(has_init_cell)]],                  \
-      device const T *mask [[buffer(BB_MASK), function_constant(has_mask)]],                   \
-      device const T *peephole [[buffer(BB_PEEPHOLE), function_constant(has_peephole)]],       \
-      device const T *dy [[buffer(BB_DY)]],                                                    \
-      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]],       \
-      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]],       \
-      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]],       \
-      device float *dxp [[buffer(BB_DXP)]],                                                    \
-      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],               \
-      device float *htilde [[buffer(BB_HTILDE)]],                                              \
-      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                           \
-      device float *carry [[buffer(BB_CARRY)]],                                                \
-      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],               \
-      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                           \
-      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]],                           \
-      constant BackwardParams &p [[buffer(BB_PARAMS)]],                                        \
-      uint3 tgid [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]], \
-      uint lane [[thread_index_in_simdgroup]]
-#define BACKWARD_KERNEL_ARGS                                                                  \
-  rt, z, h_fwd, c_fwd, h0, c0, mask, peephole, dy, dh_final, dc_final, dc_steps, dxp, rdelta, \
-      htilde, u_in, carry, cprev, dh0, dc0, p, tgid, sg, lane
-#define BACKWARD_IMPL_PARAMS(T)                                                                   \
-  device const T *rt, device const T *z, device const T *h_fwd, device const T *c_fwd,            \
-      device const T *h0, device const T *c0, device const T *mask, device const T *peephole,     \
-      device const T *dy, device const T *dh_final, device const T *dc_final,                     \
-      device const T *dc_steps, device float *dxp, device float *rdelta, device float *htilde,    \
-      device float *u_in, device float *carry, device float *cprev, device T *dh0, device T *dc0, \
-      constant BackwardParams &p, uint3 tgid, uint sg, uint lane
-
-// Time indices of processing step s (the contract's flips), for the gradient kernels.
-inline int time_in(constant BackwardParams& p, int d, int s) {
-  return d == 1 || p.reverse != 0 ? p.T - 1 - s : s;
-}
-inline int time_out(constant BackwardParams& p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
-
-template <typename T>
-inline float mask_at(device const T* mask, constant BackwardParams& p, int n, int col) {
-  return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
-}
-
 // acc[j] = sum_{i < len} delta[(n0 + j) * ld + col0 + i] * rt_row[i] over one simdgroup (the
 // product of a step's gate deltas with R, through a row of R^T: both reads contiguous).
 template <typename T, int NB>
@@ -243,48 +222,23 @@ inline void transposed_dot(device const float* delta, int ld, int col0, device c
   for (int j = 0; j < NB; ++j) acc[j] = simd_sum(acc[j]);
 }
 
+// The carry's product into gradient step p.step: the deltas of step p.step + 1 (rows of
+// `deltas` at input time, stride xp_ld, from column col0) times a row of R^T; zeros at the
+// last step, which nothing follows.
+template <typename T, int NB>
+inline void carried_dot(device const float* deltas, int col0, device const T* rt_row, int len,
+                        constant StepParams& p, int d, int n0, uint lane, thread float (&acc)[NB]) {
+  if (p.step + 1 < p.T) {
+    transposed_dot<T, NB>(deltas + time_in(p, d, p.step + 1) * p.N * p.xp_ld, p.xp_ld, col0, rt_row,
+                          len, p.N, n0, lane, acc);
+  } else {
+    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
+  }
+}
+
 template <int NB>
 inline float lane_value(thread const float (&acc)[NB], uint lane) {
   float v = 0.0f;
   for (int j = 0; j < NB; ++j) v = uint(j) == lane ? acc[j] : v;
   return v;
 }
-
-// Instantiates a gradient step kernel for the four batch tiles and both storage types.
-#define INSTANTIATE_BACKWARD_KERNELS(op, impl)                                                     \
-  kernel void op##_b1_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 1>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b1_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 1>(BACKWARD_KERNEL_ARGS); }   \
-  kernel void op##_b2_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 2>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b2_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 2>(BACKWARD_KERNEL_ARGS); }   \
-  kernel void op##_b4_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 4>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b4_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 4>(BACKWARD_KERNEL_ARGS); }   \
-  kernel void op##_b8_f32(BACKWARD_KERNEL_PARAMS(float)) { impl<float, 8>(BACKWARD_KERNEL_ARGS); } \
-  kernel void op##_b8_f16(BACKWARD_KERNEL_PARAMS(half)) { impl<half, 8>(BACKWARD_KERNEL_ARGS); }   \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b1_f32)                                            \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b1_f16)                                             \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b2_f32)                                            \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b2_f16)                                             \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b4_f32)                                            \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b4_f16)                                             \
-  REGISTER_KERNEL(backward_adapter<float>, op##_b8_f32)                                            \
-  REGISTER_KERNEL(backward_adapter<half>, op##_b8_f16)
-
-// Instantiates a step kernel for the four batch tiles and both storage types (float32,
-// and float16 with float32 arithmetic).
-#define INSTANTIATE_STEP_KERNELS(op, impl)                                                 \
-  kernel void op##_b1_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 1>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b1_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 1>(STEP_KERNEL_ARGS); }   \
-  kernel void op##_b2_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 2>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b2_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 2>(STEP_KERNEL_ARGS); }   \
-  kernel void op##_b4_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 4>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b4_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 4>(STEP_KERNEL_ARGS); }   \
-  kernel void op##_b8_f32(STEP_KERNEL_PARAMS(float)) { impl<float, 8>(STEP_KERNEL_ARGS); } \
-  kernel void op##_b8_f16(STEP_KERNEL_PARAMS(half)) { impl<half, 8>(STEP_KERNEL_ARGS); }   \
-  REGISTER_KERNEL(step_adapter<float>, op##_b1_f32)                                        \
-  REGISTER_KERNEL(step_adapter<half>, op##_b1_f16)                                         \
-  REGISTER_KERNEL(step_adapter<float>, op##_b2_f32)                                        \
-  REGISTER_KERNEL(step_adapter<half>, op##_b2_f16)                                         \
-  REGISTER_KERNEL(step_adapter<float>, op##_b4_f32)                                        \
-  REGISTER_KERNEL(step_adapter<half>, op##_b4_f16)                                         \
-  REGISTER_KERNEL(step_adapter<float>, op##_b8_f32)                                        \
-  REGISTER_KERNEL(step_adapter<half>, op##_b8_f16)

@@ -14,8 +14,12 @@
 #include "common.h"
 
 template <typename TA, typename TB, typename TC>
-inline void gemm(device const TA* a, device const TB* b, device const TB* bias, device TC* c,
-                 constant GemmParams& p, threadgroup float* tiles, uint3 tgid, uint tid) {
+kernel void gemm(device const TA* a [[buffer(GB_A)]],
+                 device const TB* b [[buffer(GB_B), function_constant(has_weight)]],
+                 device const TB* bias [[buffer(GB_BIAS), function_constant(has_bias)]],
+                 device TC* c [[buffer(GB_C)]], constant GemmParams& p [[buffer(GB_PARAMS)]],
+                 THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]],
+                 uint tid [[thread_index_in_threadgroup]]) {
   const int tx = int(tid) % 16, ty = int(tid) / 16;
   const int m0 = int(tgid.y) * GEMM_TILE_M, n0 = int(tgid.x) * GEMM_TILE_N;
   a += int(tgid.z) * p.a_zs;
@@ -71,28 +75,21 @@ inline void gemm(device const TA* a, device const TB* b, device const TB* bias, 
 // gemm_<A><B><C>: the element types of A, B (and bias) and C, f = float, h = half. float16
 // storage uses hhh (the input projection), fhh (dsource, dW: float32 dX' times half
 // inputs) and ffh (dR from float32 deltas and states).
-#define GEMM_KERNEL(TA, TB, TC, suffix)                                                 \
-  kernel void gemm_##suffix(                                                            \
-      device const TA* a [[buffer(GB_A)]],                                              \
-      device const TB* b [[buffer(GB_B), function_constant(has_weight)]],               \
-      device const TB* bias [[buffer(GB_BIAS), function_constant(has_bias)]],           \
-      device TC* c [[buffer(GB_C)]], constant GemmParams& p [[buffer(GB_PARAMS)]],      \
-      THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]], \
-      uint tid [[thread_index_in_threadgroup]]) {                                       \
-    gemm<TA, TB, TC>(a, b, bias, c, p, tiles, tgid, tid);                               \
-  }                                                                                     \
-  REGISTER_KERNEL((gemm_adapter<TA, TB, TC>), gemm_##suffix)
-GEMM_KERNEL(float, float, float, fff)
-GEMM_KERNEL(half, half, half, hhh)
-GEMM_KERNEL(float, half, half, fhh)
-GEMM_KERNEL(float, float, half, ffh)
+INSTANTIATE_KERNEL(gemm_fff, gemm<float, float, float>)
+INSTANTIATE_KERNEL(gemm_hhh, gemm<half, half, half>)
+INSTANTIATE_KERNEL(gemm_fhh, gemm<float, half, half>)
+INSTANTIATE_KERNEL(gemm_ffh, gemm<float, float, half>)
 
 // One thread per column, rows in order: neighbouring threads read neighbouring words.
 // Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, ~0.1 ms (bandwidth).
 // Sums float32 intermediates (dX', R's deltas, previous cells) into an output of type T.
 template <typename T>
-inline void column_sums(device const float* a, device const float* s, device T* out,
-                        constant ColumnSumParams& p, uint3 tgid, uint tid) {
+kernel void column_sums(device const float* a [[buffer(CB_A)]],
+                        device const float* s [[buffer(CB_S), function_constant(has_scale)]],
+                        device T* out [[buffer(CB_OUT)]],
+                        constant ColumnSumParams& p [[buffer(CB_PARAMS)]],
+                        uint3 tgid [[threadgroup_position_in_grid]],
+                        uint tid [[thread_index_in_threadgroup]]) {
   const int col = int(tgid.x) * GEMM_THREADS + int(tid);
   if (col >= p.cols) return;
   device const float* az = a + int(tgid.z) * p.a_zs + col;
@@ -106,30 +103,22 @@ inline void column_sums(device const float* a, device const float* s, device T* 
   out[int(tgid.z) * p.out_zs + col] = T(sum);
 }
 
-#define COLUMN_SUMS_KERNEL(T, suffix)                                                          \
-  kernel void column_sums_##suffix(                                                            \
-      device const float* a [[buffer(CB_A)]],                                                  \
-      device const float* s [[buffer(CB_S), function_constant(has_scale)]],                    \
-      device T* out [[buffer(CB_OUT)]], constant ColumnSumParams& p [[buffer(CB_PARAMS)]],     \
-      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) { \
-    column_sums<T>(a, s, out, p, tgid, tid);                                                   \
-  }                                                                                            \
-  REGISTER_KERNEL(column_sums_adapter<T>, column_sums_##suffix)
-COLUMN_SUMS_KERNEL(float, f32)
-COLUMN_SUMS_KERNEL(half, f16)
+INSTANTIATE_KERNEL(column_sums_f32, column_sums<float>)
+INSTANTIATE_KERNEL(column_sums_f16, column_sums<half>)
 
 // R^T per direction, so the backward steps read rows of R^T (contiguous) instead of
-// columns of R. 4*G*H*H bytes each way once per call.
-#define TRANSPOSE_KERNEL(T, suffix)                                                            \
-  kernel void transpose_##suffix(                                                              \
-      device const T* in [[buffer(TB_IN)]], device T* out [[buffer(TB_OUT)]],                  \
-      constant TransposeParams& p [[buffer(TB_PARAMS)]],                                       \
-      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]]) { \
-    const int e = int(tgid.x) * GEMM_THREADS + int(tid);                                       \
-    if (e >= p.rows * p.cols) return;                                                          \
-    const int r = e / p.cols, c = e % p.cols, z = int(tgid.z) * p.zs;                          \
-    out[z + c * p.rows + r] = in[z + e];                                                       \
-  }                                                                                            \
-  REGISTER_KERNEL(transpose_adapter<T>, transpose_##suffix)
-TRANSPOSE_KERNEL(float, f32)
-TRANSPOSE_KERNEL(half, f16)
+// columns of R. 4*G*H*H bytes each way once per call. (Not named transpose: Metal's
+// standard library has a transpose.)
+template <typename T>
+kernel void transpose_matrix(device const T* in [[buffer(TB_IN)]], device T* out [[buffer(TB_OUT)]],
+                             constant TransposeParams& p [[buffer(TB_PARAMS)]],
+                             uint3 tgid [[threadgroup_position_in_grid]],
+                             uint tid [[thread_index_in_threadgroup]]) {
+  const int e = int(tgid.x) * GEMM_THREADS + int(tid);
+  if (e >= p.rows * p.cols) return;
+  const int r = e / p.cols, c = e % p.cols, z = int(tgid.z) * p.zs;
+  out[z + c * p.rows + r] = in[z + e];
+}
+
+INSTANTIATE_KERNEL(transpose_f32, transpose_matrix<float>)
+INSTANTIATE_KERNEL(transpose_f16, transpose_matrix<half>)

@@ -23,11 +23,8 @@ inline float previous_state(device const T* h0, device const T* y, constant Step
 
 // Reset-after: a_o = x'_o + r * (R_o h~ + b2).
 template <typename T, int NB>
-inline void gru_step(STEP_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_step(STEP_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
   device const T* Rd = R + d * 3 * H * H;
@@ -36,8 +33,7 @@ inline void gru_step(STEP_IMPL_PARAMS(T)) {
   float acc[3][NB];
   recurrent_dot<T, NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
                           acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
   const float pre0 = row_value<NB, 3>(acc, 0, lane) + float(x[0]);
@@ -61,11 +57,8 @@ inline void gru_step(STEP_IMPL_PARAMS(T)) {
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
 // u = r * h~ (rows [N, 2N)), both [N, D*H].
 template <typename T, int NB>
-inline void gru_gates(STEP_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_gates(STEP_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
   device const T* Rd = R + d * 3 * H * H;
@@ -73,8 +66,7 @@ inline void gru_gates(STEP_IMPL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[2][NB];
   recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
   const float pre0 = row_value<NB, 2>(acc, 0, lane) + float(x[0]);
@@ -94,19 +86,15 @@ inline void gru_gates(STEP_IMPL_PARAMS(T)) {
 
 // Reset-before, second dispatch: a_o = x'_o + R_o u, then the update.
 template <typename T, int NB>
-inline void gru_candidate(STEP_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_candidate(STEP_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
   device const T* Rd = R + d * 3 * H * H;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0, p,
                           n0, lane, acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const int col = d * H + u;
   const float a_o = row_value<NB, 1>(acc, 0, lane) +
                     float(xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u]);
@@ -115,9 +103,9 @@ inline void gru_candidate(STEP_IMPL_PARAMS(T)) {
       float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col), activate(act_2, a_o));
 }
 
-INSTANTIATE_STEP_KERNELS(gru_step, gru_step)
-INSTANTIATE_STEP_KERNELS(gru_gates, gru_gates)
-INSTANTIATE_STEP_KERNELS(gru_candidate, gru_candidate)
+INSTANTIATE_STEP_KERNELS(gru_step)
+INSTANTIATE_STEP_KERNELS(gru_gates)
+INSTANTIATE_STEP_KERNELS(gru_candidate)
 
 // ---- gradients (contract: "Gradient operations") --------------------------------------------
 // Gradient step s runs s = T-1 .. 0, then s = -1 for the init_state gradient. The carry into
@@ -144,8 +132,8 @@ inline GruDeltas gru_update_grad(float dh, float zg, float o, float h_prev) {
 }
 
 template <typename T>
-inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant BackwardParams& p,
-                        int d, int s, int n, int col) {
+inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant StepParams& p, int d,
+                        int s, int n, int col) {
   if (s > 0) return float(h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col]);
   return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
@@ -153,21 +141,12 @@ inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant Back
 // Reset-after: R sees [dz, dr, dq] (dq = da_o * r), kept in rdelta for the carry and dR.
 // Per step: 6*N*H*H FLOPs, R^T (12*H*H bytes) read once per batch tile.
 template <typename T, int NB>
-inline void gru_backward(BACKWARD_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_backward(BACKWARD_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(rdelta + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                          rt + (d * H + u) * 3 * H, 3 * H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  carried_dot<T, NB>(rdelta, d * 3 * H, rt + (d * H + u) * 3 * H, 3 * H, p, d, n0, lane, acc);
+  STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
   const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + float(*direct) : 0.0f;
@@ -201,21 +180,12 @@ inline void gru_backward(BACKWARD_IMPL_PARAMS(T)) {
 // Reset-before, first dispatch of step s: the carry (da_zr[s+1] R_zr + du[s+1] * r[s+1]) * m
 // + direct, then da_z and da_o. dr needs du = da_o R_o of every unit (the second dispatch).
 template <typename T, int NB>
-inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_backward_zo(BACKWARD_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 3 * H,
-                          rt + (d * H + u) * 3 * H, 2 * H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  carried_dot<T, NB>(dxp, d * 3 * H, rt + (d * H + u) * 3 * H, 2 * H, p, d, n0, lane, acc);
+  STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
   float carry_h = 0.0f;
@@ -248,18 +218,14 @@ inline void gru_backward_zo(BACKWARD_IMPL_PARAMS(T)) {
 // Reset-before, second dispatch of step s: du = da_o R_o (through R_o^T), dr = du * h~ * r',
 // and u = r * h~ kept for dR's candidate rows.
 template <typename T, int NB>
-inline void gru_backward_r(BACKWARD_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void gru_backward_r(BACKWARD_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
   float acc[NB];
   transposed_dot<T, NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
                         rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const float du = lane_value<NB>(acc, lane);
   const float2 r =
       activate_grad(act_at(gate_b), float(z[(to * p.N + n) * p.z_ld + d * 3 * H + gate_b * H + u]));
@@ -269,6 +235,6 @@ inline void gru_backward_r(BACKWARD_IMPL_PARAMS(T)) {
   carry[(CARRY_DU * p.N + n) * p.y_ld + col] = du;
 }
 
-INSTANTIATE_BACKWARD_KERNELS(gru_backward, gru_backward)
-INSTANTIATE_BACKWARD_KERNELS(gru_backward_zo, gru_backward_zo)
-INSTANTIATE_BACKWARD_KERNELS(gru_backward_r, gru_backward_r)
+INSTANTIATE_STEP_KERNELS(gru_backward)
+INSTANTIATE_STEP_KERNELS(gru_backward_zo)
+INSTANTIATE_STEP_KERNELS(gru_backward_r)

@@ -13,49 +13,45 @@
 namespace rnncore {
 namespace kernels {
 
-// Function-constant indices. Booleans switch features on, ints select activations and
-// gate positions; every pipeline fixes all of the ones its kernel reads.
-enum FunctionConstantIndex : int32_t {
-  FC_HAS_WEIGHT = 0,  // projection: x * W^T; without it x is copied
-  FC_HAS_BIAS = 1,
-  FC_HAS_INIT_STATE = 10,
-  FC_HAS_INIT_CELL = 11,
-  FC_HAS_MASK = 12,
-  FC_HAS_PEEPHOLE = 13,
-  FC_HAS_SECONDARY_BIAS = 14,
-  FC_TRAINING = 15,  // write the training state
-  FC_FLIP_Z = 16,
-  FC_HAS_CELL = 17,       // LSTM: the cell buffer is bound
-  FC_HAS_WORKSPACE = 18,  // GRU reset-before: the per-step workspace is bound
-  FC_HAS_DH_FINAL = 40,   // gradients: state_gradient given
-  FC_HAS_DC_FINAL = 41,   // LSTM cell_gradient [N, D*H] (seeds the last step)
-  FC_HAS_DC_STEPS = 42,   // LSTM cell_gradient [T, N, D*H] (added at every step)
-  FC_WANT_DH0 = 43,       // write the init_state gradient
-  FC_WANT_DC0 = 44,       // write the init_cell gradient
-  FC_HAS_SCALE = 45,      // column sums: multiply by a second array
-  FC_HAS_HFWD = 46,       // GRU gradients: the forward state output is bound
-  FC_HAS_CFWD = 47,       // LSTM gradients: the forward cell output is bound
-  FC_HAS_RDELTA = 48,     // GRU reset-after gradients: R's deltas differ from dX'
-  FC_HAS_U = 49,          // GRU reset-before gradients: r * h~ is kept for dR
-  FC_ACT_0 = 20,          // activation of the gate block at position 0..3 (ActivationCode)
-  FC_ACT_1 = 21,
-  FC_ACT_2 = 22,
-  FC_ACT_3 = 23,
-  FC_CELL_ACT = 24,  // LSTM phi
-  FC_GATE_A = 30,    // LSTM block position of i; GRU block position of z
-  FC_GATE_B = 31,    // LSTM f; GRU r
-  FC_GATE_C = 32,    // LSTM z (the cell input)
-  FC_GATE_D = 33,    // LSTM o
-};
+// The function constants, one line each: type, the kernels' name, the host's enumerator and
+// the index. Booleans switch features on, ints select activations and gate positions; every
+// pipeline sets all of those its kernel reads. The enum below and the kernels' declarations
+// (common.h) both expand this table.
+#define RNNCORE_FUNCTION_CONSTANTS(X)                                                              \
+  X(bool, has_weight, FC_HAS_WEIGHT, 0) /* projection: x * W^T; else x is copied */                \
+  X(bool, has_bias, FC_HAS_BIAS, 1)                                                                \
+  X(bool, has_init_state, FC_HAS_INIT_STATE, 10)                                                   \
+  X(bool, has_init_cell, FC_HAS_INIT_CELL, 11)                                                     \
+  X(bool, has_mask, FC_HAS_MASK, 12)                                                               \
+  X(bool, has_peephole, FC_HAS_PEEPHOLE, 13)                                                       \
+  X(bool, has_secondary_bias, FC_HAS_SECONDARY_BIAS, 14)                                           \
+  X(bool, training, FC_TRAINING, 15) /* write the training state */                                \
+  X(bool, flip_z, FC_FLIP_Z, 16)                                                                   \
+  X(bool, has_cell, FC_HAS_CELL, 17)           /* LSTM: the cell buffer is bound */                \
+  X(bool, has_workspace, FC_HAS_WORKSPACE, 18) /* GRU reset-before: step workspace */              \
+  X(int, act_0, FC_ACT_0, 20)                  /* activation of the gate block at position 0..3 */ \
+  X(int, act_1, FC_ACT_1, 21)                                                                      \
+  X(int, act_2, FC_ACT_2, 22)                                                                      \
+  X(int, act_3, FC_ACT_3, 23)                                                                      \
+  X(int, cell_act, FC_CELL_ACT, 24)          /* LSTM phi */                                        \
+  X(int, gate_a, FC_GATE_A, 30)              /* block position of LSTM i, GRU z */                 \
+  X(int, gate_b, FC_GATE_B, 31)              /* LSTM f, GRU r */                                   \
+  X(int, gate_c, FC_GATE_C, 32)              /* LSTM z (the cell input) */                         \
+  X(int, gate_d, FC_GATE_D, 33)              /* LSTM o */                                          \
+  X(bool, has_dh_final, FC_HAS_DH_FINAL, 40) /* gradients: state_gradient given */                 \
+  X(bool, has_dc_final, FC_HAS_DC_FINAL, 41) /* LSTM cell_gradient [N, D*H] */                     \
+  X(bool, has_dc_steps, FC_HAS_DC_STEPS, 42) /* LSTM cell_gradient [T, N, D*H] */                  \
+  X(bool, want_dh0, FC_WANT_DH0, 43)         /* write the init_state gradient */                   \
+  X(bool, want_dc0, FC_WANT_DC0, 44)         /* write the init_cell gradient */                    \
+  X(bool, has_scale, FC_HAS_SCALE, 45)       /* column sums: times a second array */               \
+  X(bool, has_hfwd, FC_HAS_HFWD, 46)         /* GRU gradients: forward state bound */              \
+  X(bool, has_cfwd, FC_HAS_CFWD, 47)         /* LSTM gradients: forward cell bound */              \
+  X(bool, has_rdelta, FC_HAS_RDELTA, 48)     /* GRU reset-after: R's deltas differ */              \
+  X(bool, has_u, FC_HAS_U, 49)               /* GRU reset-before: r * h~ kept for dR */
 
-// The contract's activation table; values equal rnncore::Activation's.
-enum ActivationCode : int32_t {
-  ACT_NONE = 0,
-  ACT_RELU = 1,
-  ACT_TANH = 2,
-  ACT_SIGMOID = 3,
-  ACT_HARD_SIGMOID = 4,
-};
+#define RNNCORE_FC_ENUMERATOR(type, name, enumerator, index) enumerator = index,
+enum FunctionConstantIndex : int32_t { RNNCORE_FUNCTION_CONSTANTS(RNNCORE_FC_ENUMERATOR) };
+#undef RNNCORE_FC_ENUMERATOR
 
 // Tile and threadgroup sizes: compile-time in the kernels, read by the plan. SIMD_WIDTH is
 // Apple silicon's SIMD-group width, which the step kernels' lane strides and simd_sum
@@ -76,13 +72,7 @@ enum KernelSizes : int32_t {
 // Element (m, k) of A is A[z * a_zs + m * a_rs + k * a_cs]; likewise B and C, so one kernel
 // serves x W^T (the input projection), dX' W, dX'^T x and delta^T h (the weight gradients).
 // Without B (has_weight false) C = A + bias, with K = N.
-enum GemmBuffer : int32_t {
-  GB_A = 0,
-  GB_B = 1,
-  GB_BIAS = 2,
-  GB_C = 3,
-  GB_PARAMS = 4,
-};
+enum GemmBuffer : int32_t { GB_A, GB_B, GB_BIAS, GB_C, GB_PARAMS };
 
 struct GemmParams {
   int32_t M, N, K;
@@ -91,12 +81,7 @@ struct GemmParams {
 };
 
 // ---- column sums: out[z][c] = sum_r A[z*a_zs + r*lda + c] (* S[z*s_zs + r*lds + c % s_mod]) --
-enum ColumnSumBuffer : int32_t {
-  CB_A = 0,
-  CB_S = 1,
-  CB_OUT = 2,
-  CB_PARAMS = 3,
-};
+enum ColumnSumBuffer : int32_t { CB_A, CB_S, CB_OUT, CB_PARAMS };
 
 struct ColumnSumParams {
   int32_t rows, cols;
@@ -105,11 +90,7 @@ struct ColumnSumParams {
 };
 
 // ---- transpose: out[z][c][r] = in[z][r][c] ------------------------------------------------
-enum TransposeBuffer : int32_t {
-  TB_IN = 0,
-  TB_OUT = 1,
-  TB_PARAMS = 2,
-};
+enum TransposeBuffer : int32_t { TB_IN, TB_OUT, TB_PARAMS };
 
 struct TransposeParams {
   int32_t rows, cols;
@@ -135,11 +116,13 @@ enum StepBuffer : int32_t {
   SB_PARAMS = 11,
 };
 
+// The setBytes params of every step kernel, forward (StepBuffer) and gradient
+// (BackwardBuffer).
 struct StepParams {
   int32_t T, N, H;
-  int32_t step;     // processing step s of this dispatch
+  int32_t step;     // processing step s of this dispatch; gradients: -1 for the initial state
   int32_t reverse;  // unidirectional reverse: direction 0 reads its input flipped
-  int32_t xp_ld;    // D*G*H
+  int32_t xp_ld;    // D*G*H: x' (gradients: dX' and R's deltas) rows
   int32_t y_ld;     // D*H (state, cell, workspace rows)
   int32_t z_ld;     // D*ZG*H
   int32_t mask_rs;  // element strides of the mask broadcast to [N, D*H]
@@ -172,16 +155,6 @@ enum BackwardBuffer : int32_t {
   BB_DH0 = 18,
   BB_DC0 = 19,
   BB_PARAMS = 20,
-};
-
-struct BackwardParams {
-  int32_t T, N, H;
-  int32_t step;  // processing step s; -1: the initial-state gradients
-  int32_t reverse;
-  int32_t xp_ld;  // D*G*H: dX' (and RDelta) rows
-  int32_t y_ld;   // D*H
-  int32_t z_ld;   // D*ZG*H
-  int32_t mask_rs, mask_cs;
 };
 
 }  // namespace kernels

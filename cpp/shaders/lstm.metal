@@ -10,11 +10,8 @@
 #include "common.h"
 
 template <typename T, int NB>
-inline void lstm_step(STEP_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void lstm_step(STEP_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
   device const T* Rd = R + d * 4 * H * H;
@@ -23,8 +20,7 @@ inline void lstm_step(STEP_IMPL_PARAMS(T)) {
   float acc[4][NB];
   recurrent_dot<T, NB, 4>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 3 * H + u, p, n0,
                           lane, acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const int col = d * H + u;
   float c_prev = 0.0f;
   if (st.t_prev >= 0)
@@ -51,28 +47,19 @@ inline void lstm_step(STEP_IMPL_PARAMS(T)) {
   y[out] = o * activate(cell_act, cell);
 }
 
-INSTANTIATE_STEP_KERNELS(lstm_step, lstm_step)
+INSTANTIATE_STEP_KERNELS(lstm_step)
 
 // Gradient step s (s = T-1 .. 0, then -1 for init_state / init_cell). The carry into step
 // s is (dX'[s+1] R) * m through R^T (4H long rows); the cell carry stays with the unit in
 // the carry workspace. h~[s] for dR is o * phi(c) of step s-1, rebuilt from the training
 // state and the cell output. Per step: 8*N*H*H FLOPs, R^T read once per batch tile.
 template <typename T, int NB>
-inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void lstm_backward(BACKWARD_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * 4 * H,
-                          rt + (d * H + u) * 4 * H, 4 * H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  carried_dot<T, NB>(dxp, d * 4 * H, rt + (d * H + u) * 4 * H, 4 * H, p, d, n0, lane, acc);
+  STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
   device float* dc_carry = carry + (CARRY_CELL * p.N + n) * p.y_ld + col;
@@ -135,4 +122,4 @@ inline void lstm_backward(BACKWARD_IMPL_PARAMS(T)) {
   htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
 }
 
-INSTANTIATE_BACKWARD_KERNELS(lstm_backward, lstm_backward)
+INSTANTIATE_STEP_KERNELS(lstm_backward)

@@ -10,47 +10,34 @@
 #include "common.h"
 
 template <typename T, int NB>
-inline void rnn_step(STEP_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;  // whole simdgroup: no simd operation is left half-done
+kernel void rnn_step(STEP_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   device const T* Rd = R + d * p.H * p.H;
   device const T* v =
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, acc);
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  STEP_LANE_ROW;
   const float pre =
       row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
   if (training) z[(st.t_out * p.N + n) * p.z_ld + d * p.H + u] = pre;
   y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = activate(act_0, pre);
 }
 
-INSTANTIATE_STEP_KERNELS(rnn_step, rnn_step)
+INSTANTIATE_STEP_KERNELS(rnn_step)
 
 // Gradient step s (contract: "Gradient operations"), s = T-1 down to 0, then s = -1 for the
 // init_state gradient. The carry into step s is (dX'[s+1] R) * m, read through R^T; the
 // step writes dX'[s] = dh * f'(z) and h~[s] for dR (a GEMM after the loop).
 // Per step: 2*N*H*H FLOPs, R^T read once per batch tile; as the forward step.
 template <typename T, int NB>
-inline void rnn_backward(BACKWARD_IMPL_PARAMS(T)) {
-  const int d = int(tgid.z);
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg);
-  const int n0 = int(tgid.y) * NB;
-  if (u >= p.H) return;
+kernel void rnn_backward(BACKWARD_KERNEL_PARAMS(T)) {
+  STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  if (s + 1 < p.T) {
-    transposed_dot<T, NB>(dxp + time_in(p, d, s + 1) * p.N * p.xp_ld, p.xp_ld, d * H,
-                          rt + (d * H + u) * H, H, p.N, n0, lane, acc);
-  } else {
-    for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  }
-  const int n = n0 + int(lane);
-  if (int(lane) >= NB || n >= p.N) return;
+  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, acc);
+  STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
   if (s < 0) {
@@ -70,4 +57,4 @@ inline void rnn_backward(BACKWARD_IMPL_PARAMS(T)) {
   htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
 }
 
-INSTANTIATE_BACKWARD_KERNELS(rnn_backward, rnn_backward)
+INSTANTIATE_STEP_KERNELS(rnn_backward)

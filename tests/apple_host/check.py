@@ -31,6 +31,9 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "cpp" / "shaders" / "check"))
+from check_msl import find_clang  # noqa: E402  (the same clang++ as the shader checks)
+
 SDK = HERE / "sdk"
 XCRUN = HERE / "xcrun"
 CONSUMER = HERE / "consumer.cpp"
@@ -42,8 +45,6 @@ PACKAGE, VERSION = "pymetal-cpp", "0.1.5"
 SDIST = "pymetal_cpp-0.1.5.tar.gz"
 SDIST_SHA256 = "1118062f635277a2781659fbc4e7e5bac7d565d6948a3461c3b04d6425c15a0e"
 METAL_CPP_IN_SDIST = "pymetal_cpp-0.1.5/thirdparty/metal-cpp/"
-
-CANDIDATES = ["clang++"] + [f"clang++-{v}" for v in range(19, 13, -1)]
 
 
 class FetchError(RuntimeError):
@@ -117,19 +118,6 @@ def metal_cpp(download=True):
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return headers
-
-
-def find_clang():
-    """$CLANGXX if set (None if it is not an executable), else the first of clang++,
-    clang++-19 ... clang++-14 on PATH, else None."""
-    configured = os.environ.get("CLANGXX")
-    if configured:
-        return shutil.which(configured)
-    for name in CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
 
 
 def project_warnings():

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.hpp"
-#include "metal/emulator/registry.hpp"
+#include "metal/emulator/half.hpp"
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 #include "rnncore/rnncore.hpp"
@@ -85,13 +85,19 @@ struct OrderEnv {
   ~OrderEnv() { unsetenv("RNNCORE_EMULATOR_ORDER"); }
 };
 
+// selftest_neighbour_sum over 100 threads: each adds its right neighbour's value, which it
+// reads from threadgroup memory after a barrier.
+void expect_neighbour_sums(const char* schedule) {
+  std::vector<float> v = iota(100);
+  run("selftest_neighbour_sum", v);
+  for (size_t i = 0; i < v.size(); ++i)
+    EXPECT_EQ(v[i], float(i + 1) + float((i + 1) % 100 + 1)) << schedule << " thread " << i;
+}
+
 TEST(Emulator, BarrierMakesThreadgroupMemoryVisible) {
   for (const char* schedule : {"ordered", "shuffle:1", "shuffle:2"}) {
     ScheduleEnv env(schedule);
-    std::vector<float> v = iota(100);
-    run("selftest_neighbour_sum", v);
-    for (size_t i = 0; i < v.size(); ++i)
-      EXPECT_EQ(v[i], float(i + 1) + float((i + 1) % 100 + 1)) << schedule << " thread " << i;
+    expect_neighbour_sums(schedule);
   }
 }
 
@@ -108,25 +114,15 @@ TEST(Emulator, MissingBarrierGivesAWrongAnswer) {
 
 TEST(Emulator, BarrierSkippedBySomeThreadsRaises) {
   std::vector<float> v = iota(64);
-  try {
-    run("selftest_divergent_barrier", v);
-    FAIL() << "no error";
-  } catch (const rnncore::DeviceError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("selftest_divergent_barrier"), std::string::npos) << m;
-    EXPECT_NE(m.find("without reaching the threadgroup_barrier"), std::string::npos) << m;
-  }
+  const std::string m = error_of(selftest("selftest_divergent_barrier", v), v);
+  EXPECT_TRUE(contains(m, "selftest_divergent_barrier")) << m;
+  EXPECT_TRUE(contains(m, "without reaching the threadgroup_barrier")) << m;
 }
 
 TEST(Emulator, ThreadsAtDifferentBarriersRaise) {
   std::vector<float> v = iota(64);
-  try {
-    run("selftest_different_barriers", v);
-    FAIL() << "no error";
-  } catch (const rnncore::DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("different threadgroup_barrier"), std::string::npos)
-        << e.what();
-  }
+  const std::string m = error_of(selftest("selftest_different_barriers", v), v);
+  EXPECT_TRUE(contains(m, "different threadgroup_barrier")) << m;
 }
 
 TEST(Emulator, SimdSumCoversActiveLanesOfPartialSimdgroups) {
@@ -146,12 +142,8 @@ TEST(Emulator, InactiveLanesReadAsPoison) {
 
 TEST(Emulator, SimdOperationInDivergentControlFlowRaises) {
   std::vector<float> v = iota(32);
-  try {
-    run("selftest_divergent_simd", v);
-    FAIL() << "no error";
-  } catch (const rnncore::DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("simd"), std::string::npos) << e.what();
-  }
+  const std::string m = error_of(selftest("selftest_divergent_simd", v), v);
+  EXPECT_TRUE(contains(m, "simd")) << m;
 }
 
 // A scheduler error abandons threads mid-run; their fibers are restarted for the next
@@ -168,10 +160,7 @@ TEST(Emulator, KernelAfterAnAbandonedKernelRuns) {
       run("selftest_large_frame", w);
       for (size_t i = 0; i < n; ++i) EXPECT_EQ(w[i], float(i + 1)) << schedule << " " << i;
     }
-    std::vector<float> u = iota(100);
-    run("selftest_neighbour_sum", u);
-    for (size_t i = 0; i < u.size(); ++i)
-      EXPECT_EQ(u[i], float(i + 1) + float((i + 1) % 100 + 1)) << schedule << " thread " << i;
+    expect_neighbour_sums(schedule);
   }
 }
 

@@ -161,11 +161,11 @@ TEST(Plan, FunctionConstantsFollowTheDescriptor) {
   EXPECT_EQ(constant(d, k::FC_GATE_B), 0);
   EXPECT_EQ(constant(d, k::FC_GATE_C), 3);
   EXPECT_EQ(constant(d, k::FC_GATE_D), 2);
-  EXPECT_EQ(constant(d, k::FC_ACT_0), k::ACT_HARD_SIGMOID);
-  EXPECT_EQ(constant(d, k::FC_ACT_1), k::ACT_RELU);
-  EXPECT_EQ(constant(d, k::FC_ACT_2), k::ACT_NONE);
-  EXPECT_EQ(constant(d, k::FC_ACT_3), k::ACT_TANH);
-  EXPECT_EQ(constant(d, k::FC_CELL_ACT), k::ACT_SIGMOID);
+  EXPECT_EQ(constant(d, k::FC_ACT_0), int32_t(Activation::HardSigmoid));
+  EXPECT_EQ(constant(d, k::FC_ACT_1), int32_t(Activation::Relu));
+  EXPECT_EQ(constant(d, k::FC_ACT_2), int32_t(Activation::None));
+  EXPECT_EQ(constant(d, k::FC_ACT_3), int32_t(Activation::Tanh));
+  EXPECT_EQ(constant(d, k::FC_CELL_ACT), int32_t(Activation::Sigmoid));
   EXPECT_EQ(constant(d, k::FC_HAS_PEEPHOLE), 1);
   EXPECT_EQ(constant(d, k::FC_HAS_INIT_CELL), 1);
   EXPECT_EQ(find(d, k::SB_PEEPHOLE)->buffer, Buffer::Peephole);
@@ -238,7 +238,7 @@ TEST(PlanGradients, StepsRunBackwardThenTheInitialStateDispatch) {
   std::vector<int32_t> steps;
   for (const Dispatch& d : plan.dispatches)
     if (d.kernel.rfind("lstm_backward", 0) == 0) {
-      k::BackwardParams bp;
+      k::StepParams bp;
       std::memcpy(&bp, d.bytes[0].data.data(), sizeof bp);
       steps.push_back(bp.step);
     }

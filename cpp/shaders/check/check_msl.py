@@ -118,6 +118,7 @@ MSL_ATTRIBUTES = {
     **{name: None for name in KERNEL_INPUTS},
     **{name: "index" for name in RESOURCES},
     "function_constant": "function_constant",
+    "host_name": "string",  # an explicit instance's name in the metallib
     "max_total_threads_per_threadgroup": "index",
     "max_total_threadgroups_per_mesh_grid": "index",
     "id": "index",
@@ -452,6 +453,10 @@ def _attribute_findings(attribute, on_kernel_argument, constants, known):
         limit = RESOURCES.get(name)
         if value is not None and (value < 0 or (limit is not None and value > limit)):
             return [(token.file, token.line, f"[[{name}({value})]]: index outside 0..{limit}")]
+    if form == "string" and (
+        not args or len(args) != 1 or len(args[0]) != 1 or args[0][0].kind != "string"
+    ):
+        return [(token.file, token.line, f"[[{name}]] takes one string")]
     if form == "function_constant":
         if not args or len(args) != 1 or not args[0]:
             return [(token.file, token.line, "[[function_constant]] takes an index or a name")]

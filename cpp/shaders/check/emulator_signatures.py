@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Writes the host emulator's table of kernels (run by the build, cmake/emulator.cmake).
 
-For every `kernel void name(...)` in the given .metal files, preprocessed as the Metal
-compiler sees them, it emits one line per parameter: what the attribute written in the
-signature binds ([[buffer(i)]], [[threadgroup(i)]] or a thread-position attribute), the
-index expression as written (the C++ compiler evaluates it), and the function constant a
-conditional argument depends on; then one registration per kernel. The emulator binds each
-argument from that table, as Metal does from the signature, so a wrong index in a .metal
-file is a wrong (or unbound) argument in every emulated run, not a silently ignored one.
+For every `kernel void name(...)` in the given .metal files (a plain kernel or a kernel
+template), preprocessed as the Metal compiler sees them, it emits one line per parameter:
+what the attribute written in the signature binds ([[buffer(i)]], [[threadgroup(i)]] or a
+thread-position attribute), the index expression as written (the C++ compiler evaluates
+it), and the function constant a conditional argument depends on; then one registration per
+function Metal sees: a plain kernel under its name, a template's instances under their
+[[host_name]]s. The emulator binds each argument from that table, as Metal does from the
+signature, so a wrong index in a .metal file is a wrong (or unbound) argument in every
+emulated run, not a silently ignored one.
 
     emulator_signatures.py --cxx c++ --output kernels.inc a.metal b.metal
 """
@@ -85,9 +87,17 @@ def generate(cxx, sources, include_dirs=()):
         "namespace rnncore::metal::emu::signatures {",
     ]
     registrations = []
-    seen = set()
+    seen, functions = set(), set()
+
+    def register(name, table, function, token):
+        if name in functions:
+            raise msl_source.SourceError(f"{token.file}:{token.line}: {name} is defined twice")
+        functions.add(name)
+        registrations.append(f"RNNCORE_EMULATED_KERNEL({name}, {table}, {function})")
+
     for source in sources:
         tokens = msl_source.tokenize(msl_source.preprocess(cxx, source, include_dirs))
+        templates = {}
         for kernel in msl_source.kernels(tokens):
             if kernel.name in seen:
                 raise msl_source.SourceError(f"kernel {kernel.name} is defined twice")
@@ -95,7 +105,17 @@ def generate(cxx, sources, include_dirs=()):
             lines.append(f"inline constexpr ArgSpec {kernel.name}[] = {{")
             lines.extend(argument_line(kernel, p) for p in kernel.parameters)
             lines.append("};")
-            registrations.append(f"RNNCORE_EMULATED_KERNEL({kernel.name})")
+            if kernel.template:
+                templates[kernel.name] = kernel
+            else:
+                register(kernel.name, kernel.name, kernel.name, kernel.token)
+        for instance in msl_source.instances(tokens):
+            if instance.kernel not in templates:
+                raise msl_source.SourceError(
+                    f"{instance.token.file}:{instance.token.line}: {instance.name} instantiates "
+                    f"{instance.kernel}, which is not a kernel template of {source}"
+                )
+            register(instance.name, instance.kernel, instance.expression, instance.token)
     lines.append("}  // namespace rnncore::metal::emu::signatures")
     lines.extend(registrations)
     return "\n".join(lines) + "\n"

@@ -52,12 +52,13 @@
 // A function constant: a program-scope variable in the constant address space whose value
 // is unknown when compiling (extern: no initializer, nothing for the compiler to fold).
 #define FUNCTION_CONSTANT(type, name, index) extern constant type name;
-// Registration is the emulator's business; here nothing.
-#define REGISTER_KERNEL(adapter, name)
 // A threadgroup-memory argument. Metal spells it `threadgroup T *name [[threadgroup(i)]]`,
 // but the attribute's name would be rewritten by the `threadgroup` macro, so it is left out
 // (check_msl.py reads the attributes from the source as Metal sees it).
 #define THREADGROUP_BUFFER(type, name, index) threadgroup type* name
+// The instance itself, so that every instance is checked; its attributes (the host name,
+// [[kernel]]) are checked on the source as Metal sees it.
+#define INSTANTIATE_KERNEL(name, ...) template decltype(__VA_ARGS__) __VA_ARGS__;
 
 namespace metal {
 using uint = unsigned int;

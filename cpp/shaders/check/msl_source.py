@@ -190,6 +190,17 @@ class Kernel:
     name: str
     parameters: list  # of Parameter
     token: Token
+    template: bool = False  # a kernel template: its instances are the functions Metal sees
+
+
+@dataclasses.dataclass
+class Instance:
+    """`template [[host_name("name")]] [[kernel]] decltype(f<...>) f<...>;`"""
+
+    name: str  # the host name
+    kernel: str  # the template's name
+    expression: str  # `f<...>` as written
+    token: Token
 
 
 def _strip_attributes(tokens):
@@ -207,11 +218,29 @@ def _strip_attributes(tokens):
     return plain, found
 
 
+def _in_attribute(tokens, i):
+    """Whether tokens[i] is the first word of an attribute-specifier (`[[kernel]]`)."""
+    return i >= 2 and tokens[i - 1].text == "[" and tokens[i - 2].text == "["
+
+
+def _opens_template(tokens, i):
+    """Whether tokens[i] follows a `template <...>` head."""
+    if i == 0 or tokens[i - 1].text != ">":
+        return False
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        depth += {">": 1, "<": -1}.get(tokens[j].text, 0)
+        if depth == 0:
+            return j > 0 and tokens[j - 1].text == "template"
+    return False
+
+
 def kernels(tokens):
-    """Every `kernel void name(...)` in the project's tokens, with its parameters."""
+    """Every `kernel void name(...)` in the project's tokens (plain or a template), with its
+    parameters."""
     found = []
     for i, token in enumerate(tokens):
-        if token.text != "kernel" or not from_project(token):
+        if token.text != "kernel" or not from_project(token) or _in_attribute(tokens, i):
             continue
         if i + 3 >= len(tokens) or tokens[i + 1].text != "void" or tokens[i + 2].kind != "name":
             raise SourceError(f"{token.file}:{token.line}: write a kernel `kernel void name(...)`")
@@ -225,7 +254,37 @@ def kernels(tokens):
             if not names:
                 raise SourceError(f"{token.file}:{token.line}: unnamed parameter of kernel")
             parameters.append(Parameter(names[-1].text, plain[:-1], attrs, piece[0]))
-        found.append(Kernel(tokens[i + 2].text, parameters, token))
+        found.append(Kernel(tokens[i + 2].text, parameters, token, _opens_template(tokens, i)))
+    return found
+
+
+def instances(tokens):
+    """Every explicit instance of a kernel template, written
+    `template [[host_name("name")]] [[kernel]] decltype(f<...>) f<...>;`."""
+    found = []
+    for i, token in enumerate(tokens):
+        if token.text != "template" or not from_project(token):
+            continue
+        j, names = i + 1, []
+        while j < len(tokens) and (spec := attribute_specifier_at(tokens, j)):
+            names.extend(spec[0])
+            j = spec[1] + 1
+        host = [a for a in names if a.name == "host_name"]
+        if not host:
+            continue
+        where = f"{token.file}:{token.line}"
+        args = host[0].args
+        if not args or len(args) != 1 or len(args[0]) != 1 or args[0][0].kind != "string":
+            raise SourceError(f"{where}: [[host_name]] takes one string")
+        if j + 1 >= len(tokens) or tokens[j].text != "decltype" or tokens[j + 1].text != "(":
+            raise SourceError(f"{where}: write an instance `decltype(f<...>) f<...>;`")
+        close = _matching(tokens, j + 1, "(", ")")
+        inner = tokens[j + 2 : close]
+        if len(inner) < 2 or inner[0].kind != "name" or inner[1].text != "<":
+            raise SourceError(f"{where}: cannot read the instance's template")
+        found.append(
+            Instance(args[0][0].text[1:-1], inner[0].text, " ".join(t.text for t in inner), token)
+        )
     return found
 
 

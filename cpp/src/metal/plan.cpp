@@ -1,5 +1,6 @@
-// Plans of the forward ops (see plan.hpp). The kernels index with 32-bit ints, so every
-// array must have fewer than 2^31 elements; larger shapes are refused here, by name.
+// The plans of the forward and gradient ops (see plan.hpp). The kernels index with 32-bit
+// ints, so every array must have fewer than 2^31 elements; larger shapes are refused here,
+// by name.
 #include "metal/plan.hpp"
 
 #include <cstring>
@@ -92,9 +93,8 @@ std::string set_step_grid(const Problem& p, Dispatch& d) {
 
 // The sizes and strides every (forward or gradient) step kernel reads; the step number is
 // set per dispatch.
-template <class Params>
-Params step_params(const Problem& p, const MaskShape& mask) {
-  Params params{};
+k::StepParams step_params(const Problem& p, const MaskShape& mask) {
+  k::StepParams params{};
   params.T = int32_t(p.T);
   params.N = int32_t(p.N);
   params.H = int32_t(p.H);
@@ -279,7 +279,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   if (gru && p.reset_after) kernels = {"gru_step" + tile};
   if (reset_before) kernels = {"gru_gates" + tile, "gru_candidate" + tile};
 
-  auto params = step_params<k::StepParams>(p, mask);
+  auto params = step_params(p, mask);
   for (int64_t s = 0; s < T; ++s) {
     params.step = int32_t(s);
     for (const std::string& name : kernels) {
@@ -437,7 +437,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (reset_after) kernels = {"gru_backward" + tile};
   if (reset_before) kernels = {"gru_backward_zo" + tile, "gru_backward_r" + tile};
 
-  auto params = step_params<k::BackwardParams>(p, gs.mask);
+  auto params = step_params(p, gs.mask);
   for (int64_t s = T - 1; s >= -1; --s) {
     params.step = int32_t(s);
     // Step -1 only carries the last deltas into the initial-state gradients.

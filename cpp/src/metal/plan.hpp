@@ -51,8 +51,9 @@ enum class Buffer : uint8_t {
   RDelta,       // GRU reset-after: the deltas R sees
   Carry,        // [3, N, D*H] carried between gradient steps
   CellPrev,     // LSTM with peepholes: previous cell of every step
+  Count,        // not a buffer: the number of them
 };
-inline constexpr int kBufferCount = 38;
+inline constexpr int kBufferCount = static_cast<int>(Buffer::Count);
 const char* buffer_name(Buffer b);
 bool is_workspace(Buffer b);
 
@@ -121,12 +122,13 @@ struct MaskShape {
   int64_t rows = 1, cols = 1;
 };
 
-// The dispatches of a forward op (float32, or float16 storage). Throws rnncore::ValueError naming
-// the op for shapes the kernels do not support (indices beyond 32 bits).
 // Refuses (ValueError naming the op) a problem with an array past the kernels' 32-bit
 // element indices; the plans call it, and the backend before it allocates anything.
 void check_extents(const detail::Problem& p, bool gradients);
 
+// The dispatches of a forward op (float32, or float16 storage): the input projection, then
+// one step dispatch per time step (two for a reset-before GRU). Refuses what check_extents
+// refuses.
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
 
 // Which gradient inputs and outputs a gradient call has (beyond what Problem says).

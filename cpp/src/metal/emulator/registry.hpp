@@ -1,38 +1,20 @@
 // What the emulator's executor and the kernels compiled through shim.hpp share: the kernel
-// registry, function constants, the argument tables read from the kernels' signatures and
-// the adapter that calls a kernel with its parameter list. No Metal keywords here (the
-// executor includes it too).
+// registry, function constants and the argument tables read from the kernels' signatures
+// (the adapter that calls a kernel is adapter.hpp, Metal's half half.hpp). No Metal keywords
+// here (the executor includes it too).
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <limits>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include "kernel_params.h"
 #include "metal/emulator/scheduler.hpp"
 
 namespace rnncore::metal::emu {
-
-// IEEE binary16 <-> binary32, round to nearest even (what Metal's half conversions and
-// numpy's float16 do).
-uint16_t float_to_half_bits(float f);
-float half_bits_to_float(uint16_t h);
-
-// Metal's `half` as a storage type: converts from float implicitly (stores), to float
-// explicitly only, so that every read in a kernel is written float(x) as Metal's overload
-// rules want for mixed half/float arithmetic.
-struct half {
-  uint16_t bits = 0;
-  half() = default;
-  half(float f) : bits(float_to_half_bits(f)) {}  // NOLINT: implicit, like Metal's
-  explicit operator float() const { return half_bits_to_float(bits); }
-};
 
 // ---- function constants --------------------------------------------------------------------
 // The function-constant values of the dispatch being run, by index (the shader's FC_*
@@ -40,6 +22,8 @@ struct half {
 struct ConstantValues {
   static constexpr int32_t kCount = 64;  // indices the emulator takes (the kernels use < 50)
   int32_t value[kCount] = {};
+  // Set by the dispatch: reading a constant it does not set, or binding an argument
+  // conditional on one, raises DeviceError as Metal refuses to specialise the function.
   bool defined[kCount] = {};
   bool is_bool[kCount] = {};  // set as a bool, else as an int
 };
@@ -138,108 +122,3 @@ T poison() {
 }
 
 }  // namespace rnncore::metal::emu
-
-// ---- the adapter every kernel shares ------------------------------------------------------
-namespace rnncore::metal::emu {
-
-[[noreturn]] void absent_reference_argument(const char* name);
-
-template <class>
-inline constexpr bool kAlwaysFalse = false;
-
-// The value a parameter of type P with attribute kind K receives.
-template <class P, ArgKind K>
-P argument(void* slot, const char* name, const ThreadIds& id) {
-  if constexpr (K == ArgKind::Buffer || K == ArgKind::Threadgroup) {
-    if constexpr (std::is_pointer_v<P>) {
-      (void)name;
-      return static_cast<P>(slot);
-    } else if constexpr (std::is_lvalue_reference_v<P>) {
-      using V = std::remove_reference_t<P>;
-      static_assert(std::is_const_v<V>, "a [[buffer]] reference argument must be constant");
-      if (!slot) absent_reference_argument(name);
-      return *static_cast<V*>(slot);
-    } else {
-      static_assert(kAlwaysFalse<P>, "a [[buffer]] or [[threadgroup]] argument is a pointer");
-    }
-  } else {
-    (void)slot;
-    (void)name;
-    constexpr bool vector =
-        K == ArgKind::ThreadgroupPositionInGrid || K == ArgKind::ThreadPositionInThreadgroup ||
-        K == ArgKind::ThreadPositionInGrid || K == ArgKind::ThreadsPerThreadgroup;
-    if constexpr (vector) {
-      static_assert(std::is_same_v<P, uint3>, "this thread-position attribute is a uint3 here");
-      if constexpr (K == ArgKind::ThreadgroupPositionInGrid) return id.tgid;
-      if constexpr (K == ArgKind::ThreadPositionInThreadgroup) return id.tpos;
-      if constexpr (K == ArgKind::ThreadsPerThreadgroup) return id.tptg;
-      if constexpr (K == ArgKind::ThreadPositionInGrid)
-        return uint3{id.tgid.x * id.tptg.x + id.tpos.x, id.tgid.y * id.tptg.y + id.tpos.y,
-                     id.tgid.z * id.tptg.z + id.tpos.z};
-    } else {
-      static_assert(std::is_integral_v<P> && !std::is_same_v<P, bool>,
-                    "this thread-position attribute is an integer");
-      if constexpr (K == ArgKind::ThreadIndexInThreadgroup) return static_cast<P>(id.tid);
-      if constexpr (K == ArgKind::SimdgroupIndexInThreadgroup) return static_cast<P>(id.sg);
-      if constexpr (K == ArgKind::ThreadIndexInSimdgroup) return static_cast<P>(id.lane);
-      if constexpr (K == ArgKind::ThreadsPerSimdgroup) return static_cast<P>(kSimdWidth);
-    }
-  }
-}
-
-// Checks of a signature table that Metal's compiler or the emulator would refuse.
-template <size_t N>
-constexpr bool indices_in_range(const ArgSpec (&spec)[N]) {
-  for (const ArgSpec& a : spec)
-    if (a.kind == ArgKind::Buffer && (a.index < 0 || a.index > kMaxBufferIndex)) return false;
-  return true;
-}
-template <size_t N>
-constexpr bool indices_unique(const ArgSpec (&spec)[N]) {
-  for (size_t i = 0; i < N; ++i)
-    for (size_t j = i + 1; j < N; ++j)
-      if (spec[i].kind == spec[j].kind && spec[i].index == spec[j].index &&
-          (spec[i].kind == ArgKind::Buffer || spec[i].kind == ArgKind::Threadgroup))
-        return false;
-  return true;
-}
-template <size_t N>
-constexpr bool one_threadgroup_block(const ArgSpec (&spec)[N]) {
-  for (const ArgSpec& a : spec)
-    if (a.kind == ArgKind::Threadgroup && a.index != 0) return false;
-  return true;
-}
-
-template <const auto& Spec, class... P, size_t... I>
-void call(void (*kernel)(P...), void* const* args, const ThreadIds& id, std::index_sequence<I...>) {
-  kernel(argument<P, Spec[I].kind>(args[I], Spec[I].name, id)...);
-}
-
-// The adapter of `Kernel`, whose signature table is `Spec`.
-template <auto Kernel, const auto& Spec>
-void invoke(void* const* args, const ThreadIds& id) {
-  constexpr size_t n = std::extent_v<std::remove_reference_t<decltype(Spec)>>;
-  static_assert(indices_in_range(Spec), "a [[buffer(i)]] index is outside 0..30");
-  static_assert(indices_unique(Spec), "two arguments of a kernel have the same index");
-  static_assert(one_threadgroup_block(Spec),
-                "the emulator gives a kernel one threadgroup block, [[threadgroup(0)]]");
-  call<Spec>(Kernel, args, id, std::make_index_sequence<n>());
-}
-
-template <class... P>
-constexpr size_t parameter_count(void (*)(P...)) {
-  return sizeof...(P);
-}
-
-}  // namespace rnncore::metal::emu
-
-// Registers a kernel defined above with its table from the generated signatures (the table
-// and the parameter list must agree: checked when compiling).
-#define RNNCORE_EMULATED_KERNEL(name)                                                          \
-  static_assert(::rnncore::metal::emu::parameter_count(&::name) ==                             \
-                    std::size(::rnncore::metal::emu::signatures::name),                        \
-                "kernel " #name ": the signature table and the parameters differ");            \
-  static const bool name##_emulated_ = ::rnncore::metal::emu::register_kernel(                 \
-      #name, &::rnncore::metal::emu::invoke<&::name, ::rnncore::metal::emu::signatures::name>, \
-      ::rnncore::metal::emu::signatures::name,                                                 \
-      std::size(::rnncore::metal::emu::signatures::name));

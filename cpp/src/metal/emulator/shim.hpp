@@ -6,7 +6,10 @@
 // the kernels follow for this to be faithful are in cpp/shaders/README.md.
 #pragma once
 
-#include "metal/emulator/registry.hpp"
+#include <cmath>
+
+#include "metal/emulator/adapter.hpp"
+#include "metal/emulator/half.hpp"
 
 // ---- Metal Shading Language surface -------------------------------------------------------
 #define kernel
@@ -119,6 +122,6 @@ using namespace metal;
 // One block per threadgroup, handed to every thread of it by the adapter.
 #define THREADGROUP_BUFFER(type, name, index) type* name
 
-// Nothing: the emulator registers every kernel with the argument table read from its
-// signature (the generated table included after the .metal sources, RNNCORE_EMULATED_KERNEL).
-#define REGISTER_KERNEL(adapter, name)
+// The instance; the generated table registers it under its host name
+// (RNNCORE_EMULATED_KERNEL).
+#define INSTANTIATE_KERNEL(name, ...) template decltype(__VA_ARGS__) __VA_ARGS__;
