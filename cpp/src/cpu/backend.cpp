@@ -1,5 +1,7 @@
 // The CPU backend: BLAS for the products, hand-written fused passes for the gates, and
 // work split into chunks fixed by the problem's shape that the pool's threads claim.
+#include "core/backend.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -199,48 +201,166 @@ void run_all(const Problem& p, const Dir* dirs) {
   });
 }
 
+template <class T>
+void broadcast_mask(const detail::ForwardArrays& a, int64_t N, int64_t DH, T* out) {
+  const T* src = static_cast<const T*>(a.mask);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < DH; ++j)
+      out[n * DH + j] = src[(a.mask_rows == 1 ? 0 : n) * a.mask_cols + (a.mask_cols == 1 ? 0 : j)];
+}
+
+// The mask broadcast to [N, D*H] (the contract's first step for a mask), or nothing.
+Tensor broadcast_mask(const Problem& p, const detail::ForwardArrays& a) {
+  if (!p.has_mask) return Tensor();
+  Tensor out = Tensor::empty({p.N, p.dh()}, p.dtype);
+  if (p.dtype == DType::Float32)
+    broadcast_mask(a, p.N, p.dh(), out.ptr<float>());
+  else
+    broadcast_mask(a, p.N, p.dh(), out.ptr<double>());
+  return out;
+}
+
+// Pointers `elems` elements into an array of the problem's dtype; null stays null.
+struct Offset {
+  int64_t es;
+  const void* operator()(const void* base, int64_t elems) const {
+    return base ? static_cast<const char*>(base) + elems * es : nullptr;
+  }
+  void* operator()(void* base, int64_t elems) const {
+    return base ? static_cast<char*>(base) + elems * es : nullptr;
+  }
+};
+
+void project(const Problem& p, const void* source, const void* W, const void* bias, void* xp) {
+  if (p.dtype == DType::Float32)
+    project_impl(p, static_cast<const float*>(source), p.I, static_cast<const float*>(W),
+                 static_cast<const float*>(bias), static_cast<float*>(xp));
+  else
+    project_impl(p, static_cast<const double*>(source), p.I, static_cast<const double*>(W),
+                 static_cast<const double*>(bias), static_cast<double*>(xp));
+}
+
+void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
+                     void* dsource, void* dW, void* dbias) {
+  if (p.dtype == DType::Float32)
+    input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
+                         static_cast<const float*>(W), static_cast<float*>(dsource),
+                         static_cast<float*>(dW), static_cast<float*>(dbias));
+  else
+    input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
+                         static_cast<const double*>(W), static_cast<double*>(dsource),
+                         static_cast<double*>(dW), static_cast<double*>(dbias));
+}
+
+// The contract's wrapper ("How every forward operation is built"): project + bias,
+// broadcast the mask, then per direction the core recurrence with its time flips, writing
+// straight into the concatenated outputs.
+void forward_op(const Problem& p, const detail::ForwardArrays& in) {
+  const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
+  const void* xp = in.source;
+  Tensor xbuf;
+  if (p.has_input_weight || p.has_bias) {
+    xbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    project(p, in.source, in.input_weight, in.bias, xbuf.data());
+    xp = xbuf.data();
+  }
+  Tensor mask = broadcast_mask(p, in);
+  const Offset off{dtype_size(p.dtype)};
+  DirectionForward dirs[2];
+  for (int64_t d = 0; d < D; ++d) {
+    DirectionForward& a = dirs[d];
+    a.xp = off(xp, d * p.gh());
+    a.xp_ld = dgh;
+    a.R = off(in.recurrent_weight, d * p.gh() * H);
+    a.h0 = off(in.init_state, d * H);
+    a.h0_ld = DH;
+    a.c0 = off(in.init_cell, d * H);
+    a.c0_ld = DH;
+    a.mask = off(mask.data(), d * H);
+    a.mask_ld = DH;
+    a.peephole = off(in.peephole, d * 4 * H);
+    a.b2 = p.reset_after ? off(in.secondary_bias, d * H) : nullptr;
+    a.y = off(in.state, d * H);
+    a.y_ld = DH;
+    a.c = off(in.cell, d * H);
+    a.c_ld = DH;
+    a.z = off(in.z_state, d * p.ZG * H);
+    a.z_ld = D * p.ZG * H;
+    // Unidirectional reverse: read flipped, write in processing order. Backward half:
+    // read flipped, write flipped back to input time.
+    a.flip_in = d == 1 || p.reverse;
+    a.flip_out = d == 1;
+  }
+  if (!blas_path_forced())
+    fused_forward(p, dirs);
+  else
+    run_all(p, dirs);
+}
+
+// BPTT per direction into dX', then the input-side gradients from dX'.
+void backward_op(const Problem& p, const detail::BackwardArrays& in) {
+  const int64_t H = p.H, D = p.D, DH = p.dh(), GH = p.gh(), dgh = D * GH;
+  Tensor mask = broadcast_mask(p, in.fwd);
+  // dX' of every step; without an input weight it is the source gradient itself.
+  Tensor dxbuf;
+  void* dxp = in.dsource;
+  if (p.has_input_weight) {
+    dxbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    dxp = dxbuf.data();
+  }
+  const Offset off{dtype_size(p.dtype)};
+  DirectionBackward dirs[2];
+  for (int64_t d = 0; d < D; ++d) {
+    DirectionBackward& a = dirs[d];
+    a.z = off(in.z_state, d * p.ZG * H);
+    a.z_ld = D * p.ZG * H;
+    a.h_fwd = off(in.h_fwd, d * H);
+    a.h_fwd_ld = DH;
+    a.c_fwd = off(in.c_fwd, d * H);
+    a.c_fwd_ld = DH;
+    a.R = off(in.fwd.recurrent_weight, d * GH * H);
+    a.h0 = off(in.fwd.init_state, d * H);
+    a.h0_ld = DH;
+    a.c0 = off(in.fwd.init_cell, d * H);
+    a.c0_ld = DH;
+    a.mask = off(mask.data(), d * H);
+    a.mask_ld = DH;
+    a.peephole = off(in.fwd.peephole, d * 4 * H);
+    a.dy = off(in.dy, d * H);
+    a.dy_ld = DH;
+    a.dh_final = off(in.dh_final, d * H);
+    a.dh_final_ld = DH;
+    a.dc_final = off(in.dc_final, d * H);
+    a.dc_final_ld = DH;
+    a.dc_steps = off(in.dc_steps, d * H);
+    a.dc_steps_ld = DH;
+    a.dxp = off(dxp, d * GH);
+    a.dxp_ld = dgh;
+    a.dR = off(in.dR, d * GH * H);
+    a.dP = off(in.dP, d * 4 * H);
+    a.db2 = p.reset_after ? off(in.db2, d * H) : nullptr;
+    a.dh0 = off(in.dh0, d * H);
+    a.dh0_ld = DH;
+    a.dc0 = off(in.dc0, d * H);
+    a.dc0_ld = DH;
+    a.flip_in = d == 1 || p.reverse;
+    a.flip_out = d == 1;
+  }
+  if (p.dtype == DType::Float32)
+    backward_impl<float>(p, dirs);
+  else
+    backward_impl<double>(p, dirs);
+  input_gradients(p, dxp, in.fwd.source, in.fwd.input_weight,
+                  p.has_input_weight ? in.dsource : nullptr, in.dW, in.dbias);
+}
+
 class CpuBackend final : public detail::Backend {
  public:
   CpuBackend() { claim_blas_threads(); }
   const char* name() const override { return "cpu"; }
-
   Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
-
-  void project(const Problem& p, const void* source, int64_t K, const void* W, const void* bias,
-               void* xp) override {
-    if (p.dtype == DType::Float32)
-      project_impl(p, static_cast<const float*>(source), K, static_cast<const float*>(W),
-                   static_cast<const float*>(bias), static_cast<float*>(xp));
-    else
-      project_impl(p, static_cast<const double*>(source), K, static_cast<const double*>(W),
-                   static_cast<const double*>(bias), static_cast<double*>(xp));
-  }
-
-  void forward(const Problem& p, const DirectionForward* dirs) override {
-    if (!blas_path_forced())
-      fused_forward(p, dirs);
-    else
-      run_all(p, dirs);
-  }
-
-  void backward(const Problem& p, const DirectionBackward* dirs) override {
-    if (p.dtype == DType::Float32)
-      backward_impl<float>(p, dirs);
-    else
-      backward_impl<double>(p, dirs);
-  }
-
-  void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
-                       void* dsource, void* dW, void* dbias) override {
-    if (p.dtype == DType::Float32)
-      input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
-                           static_cast<const float*>(W), static_cast<float*>(dsource),
-                           static_cast<float*>(dW), static_cast<float*>(dbias));
-    else
-      input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
-                           static_cast<const double*>(W), static_cast<double*>(dsource),
-                           static_cast<double*>(dW), static_cast<double*>(dbias));
-  }
+  void forward(const Problem& p, const detail::ForwardArrays& a) override { forward_op(p, a); }
+  void backward(const Problem& p, const detail::BackwardArrays& a) override { backward_op(p, a); }
 };
 
 }  // namespace

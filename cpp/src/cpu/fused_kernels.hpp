@@ -38,7 +38,7 @@ struct Fused {  // S: the scalar type
   }
 
   using Problem = detail::Problem;
-  using Dir = detail::DirectionForward;
+  using Dir = DirectionForward;
   static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the

@@ -7,15 +7,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "core/problem.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/directions.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
 
-using detail::DirectionBackward;
-using detail::DirectionForward;
 using detail::Problem;
 
 // Time index of processing step s in the input (in) or the outputs (out).

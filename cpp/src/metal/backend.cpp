@@ -18,14 +18,13 @@ class MetalBackend final : public detail::Backend {
   const char* name() const override { return executor_.name(); }
   const char* dtypes() const override { return "float32 and float16"; }
   bool computes(DType d) const override { return d == DType::Float32 || d == DType::Float16; }
-  bool runs_whole_ops() const override { return true; }
   void admit(const Problem& p, bool gradients) const override { check_extents(p, gradients); }
 
   Tensor allocate(const Shape& shape, DType dtype) override {
     return executor_.allocate(shape, dtype);
   }
 
-  bool forward_whole(const Problem& p, const detail::ForwardArrays& a) override {
+  void forward(const Problem& p, const detail::ForwardArrays& a) override {
     const Plan plan = plan_forward(p, MaskShape{a.mask_rows, a.mask_cols});
     HostArrays arrays = inputs(a);
     const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
@@ -33,10 +32,9 @@ class MetalBackend final : public detail::Backend {
     put(Buffer::Cell, a.cell);
     put(Buffer::ZState, a.z_state);
     executor_.run(plan, arrays);
-    return true;
   }
 
-  bool backward_whole(const Problem& p, const detail::BackwardArrays& a) override {
+  void backward(const Problem& p, const detail::BackwardArrays& a) override {
     GradientShape gs;
     gs.mask = MaskShape{a.fwd.mask_rows, a.fwd.mask_cols};
     gs.dh_final = a.dh_final != nullptr;
@@ -61,18 +59,6 @@ class MetalBackend final : public detail::Backend {
     put(Buffer::DPeephole, a.dP);
     put(Buffer::DSecondaryBias, a.db2);
     executor_.run(plan, arrays);
-    return true;
-  }
-
-  // The whole-op paths above replace the step-by-step interface.
-  void project(const Problem&, const void*, int64_t, const void*, const void*, void*) override {
-    unreachable();
-  }
-  void forward(const Problem&, const detail::DirectionForward*) override { unreachable(); }
-  void backward(const Problem&, const detail::DirectionBackward*) override { unreachable(); }
-  void input_gradients(const Problem&, const void*, const void*, const void*, void*, void*,
-                       void*) override {
-    unreachable();
   }
 
  private:
@@ -91,10 +77,6 @@ class MetalBackend final : public detail::Backend {
     return arrays;
   }
 
-  [[noreturn]] void unreachable() const {
-    throw Error(std::string("[") + name() +
-                "] internal error: step-by-step call on a whole-op backend");
-  }
   Executor& executor_;
 };
 
