@@ -106,25 +106,9 @@ struct Fused {  // S: the scalar type
 
   // v[0:W] = f(v[0:W]) in place.
   static void act(Activation a, S* v) {
-    switch (a) {
-      case Activation::None: break;
-      case Activation::Relu:
-        // NaN fails both tests and passes through (NaN in, NaN out).
-        for (int w = 0; w < W; ++w) v[w] = v[w] > S(0) ? v[w] : (v[w] <= S(0) ? S(0) : v[w]);
-        break;
-      case Activation::Tanh:
-        for (int w = 0; w < W; ++w) v[w] = vmath::tanh(v[w]);
-        break;
-      case Activation::Sigmoid:
-        for (int w = 0; w < W; ++w) v[w] = vmath::sigmoid(v[w]);
-        break;
-      case Activation::HardSigmoid:
-        for (int w = 0; w < W; ++w) {
-          const S h = S(0.2) * v[w] + S(0.5);
-          v[w] = h < S(0) ? S(0) : (h > S(1) ? S(1) : h);
-        }
-        break;
-    }
+    with_activation<S>(a, [v](auto F) {
+      for (int w = 0; w < W; ++w) v[w] = F.value(v[w]);
+    });
   }
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
