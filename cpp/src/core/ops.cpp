@@ -65,11 +65,12 @@ class Prepared {
   void operator()(RNNInputs& in) { fields(in, in.init_state, in.mask); }
   void operator()(GRUInputs& in) { fields(in, in.init_state, in.mask, in.secondary_bias); }
   void operator()(LSTMInputs& in) { fields(in, in.init_state, in.init_cell, in.mask, in.peephole); }
-  void gradients(RNNGradientInputs& in) { gradient_fields(in); }
-  void gradients(LSTMGradientInputs& in) {
-    gradient_fields(in, in.cell_output_fwd, in.cell_gradient);
+  // Gradient inputs: the forward inputs (the base), then the gradient-only arrays.
+  void operator()(RNNGradientInputs& in) { gradient_fields<RNNInputs>(in); }
+  void operator()(LSTMGradientInputs& in) {
+    gradient_fields<LSTMInputs>(in, in.cell_output_fwd, in.cell_gradient);
   }
-  void gradients(GRUGradientInputs& in) { gradient_fields(in, in.output_fwd); }
+  void operator()(GRUGradientInputs& in) { gradient_fields<GRUInputs>(in, in.output_fwd); }
 
  private:
   template <class In, class... Rest>
@@ -80,8 +81,9 @@ class Prepared {
     (*this)(in.bias);
     ((*this)(rest), ...);
   }
-  template <class In, class... Rest>
+  template <class Forward, class In, class... Rest>
   void gradient_fields(In& in, Rest&... rest) {
+    (*this)(static_cast<Forward&>(in));
     (*this)(in.source_gradient);
     (*this)(in.z_state);
     (*this)(in.state_gradient);
@@ -135,6 +137,20 @@ BackwardArrays gradient_arrays(const In& in) {
   return a;
 }
 
+// One call, validated: its problem, its backend, and its inputs as the backend takes them.
+template <class In>
+struct Call {
+  template <class Desc>
+  Call(const In& given, const Desc& desc, Device device, bool gradients)
+      : p(validate(given, desc)), be(backend_for(device, p, gradients)), in(given) {
+    prepared(in);
+  }
+  const Problem p;
+  Backend& be;
+  In in;
+  Prepared prepared;  // owns the aligned copies `in` may point to
+};
+
 bool empty_problem(const Problem& p) { return p.T == 0 || p.N == 0 || p.H == 0; }
 
 void fill_zeros(Tensor& t) { std::memset(t.data(), 0, static_cast<size_t>(t.nbytes())); }
@@ -146,18 +162,16 @@ struct Outputs {
 
 template <class In, class Desc>
 Outputs run_forward(const In& given, const Desc& desc, Device device) {
-  const Problem p = validate(given, desc);
-  Backend& be = backend_for(device, p, false);
-  In in = given;
-  Prepared prepared;
-  prepared(in);
+  Call<In> call(given, desc, device, false);
+  const Problem& p = call.p;
+  Backend& be = call.be;
   const int64_t T = p.T, N = p.N, DH = p.dh();
   Outputs out;
   out.state = be.allocate({T, N, DH}, p.dtype);
   if (p.op == OpKind::Lstm && p.produce_cell) out.cell = be.allocate({T, N, DH}, p.dtype);
   if (p.training) out.z_state = be.allocate({T, N, p.D * p.ZG * p.H}, p.dtype);
   if (empty_problem(p)) return out;  // every output is empty
-  ForwardArrays a = arrays(in);
+  ForwardArrays a = arrays(call.in);
   a.state = out.state.data();
   a.cell = out.cell ? out.cell->data() : nullptr;
   a.z_state = out.z_state ? out.z_state->data() : nullptr;
@@ -172,13 +186,10 @@ struct GradOutputs {
 
 template <class In, class Desc>
 GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
-  const Problem p = validate(given, desc);
-  Backend& be = backend_for(device, p, true);
-  In in = given;
-  Prepared prepared;
-  prepared(in);
-  prepared.gradients(in);
-  BackwardArrays a = gradient_arrays(in);
+  Call<In> call(given, desc, device, true);
+  const Problem& p = call.p;
+  Backend& be = call.be;
+  BackwardArrays a = gradient_arrays(call.in);
 
   const int64_t N = p.N, H = p.H, D = p.D, DH = p.dh(), GH = p.gh();
   GradOutputs g;
@@ -186,7 +197,7 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     if (wanted) t = be.allocate(shape, p.dtype);
     return t ? t->data() : nullptr;
   };
-  g.source = be.allocate(in.source.shape, p.dtype);
+  g.source = be.allocate(call.in.source.shape, p.dtype);
   g.recurrent_weight = be.allocate(D == 2 ? Shape{2, GH, H} : Shape{GH, H}, p.dtype);
   a.dsource = g.source.data();
   a.dR = g.recurrent_weight.data();

@@ -64,15 +64,17 @@ void reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const
   }
 }
 
+// `base` moved `elems` elements of `es` bytes on; null stays null.
+template <class P>
+P advance(P base, int64_t elems, int64_t es) {
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
+  return base ? static_cast<P>(static_cast<Byte*>(base) + elems * es) : nullptr;
+}
+
 // The direction's arguments moved to batch row n0 (every per-row array).
 DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   DirectionBackward v = a;
-  auto at = [&](const void* ptr, int64_t ld) -> const void* {
-    return ptr ? static_cast<const char*>(ptr) + n0 * ld * es : nullptr;
-  };
-  auto at_mut = [&](void* ptr, int64_t ld) -> void* {
-    return ptr ? static_cast<char*>(ptr) + n0 * ld * es : nullptr;
-  };
+  const auto at = [&](auto ptr, int64_t ld) { return advance(ptr, n0 * ld, es); };
   v.z = at(a.z, a.z_ld);
   v.h_fwd = at(a.h_fwd, a.h_fwd_ld);
   v.c_fwd = at(a.c_fwd, a.c_fwd_ld);
@@ -83,9 +85,9 @@ DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   v.dh_final = at(a.dh_final, a.dh_final_ld);
   v.dc_final = at(a.dc_final, a.dc_final_ld);
   v.dc_steps = at(a.dc_steps, a.dc_steps_ld);
-  v.dxp = at_mut(a.dxp, a.dxp_ld);
-  v.dh0 = at_mut(a.dh0, a.dh0_ld);
-  v.dc0 = at_mut(a.dc0, a.dc0_ld);
+  v.dxp = at(a.dxp, a.dxp_ld);
+  v.dh0 = at(a.dh0, a.dh0_ld);
+  v.dc0 = at(a.dc0, a.dc0_ld);
   return v;
 }
 
@@ -220,17 +222,6 @@ Tensor broadcast_mask(const Problem& p, const detail::ForwardArrays& a) {
   return out;
 }
 
-// Pointers `elems` elements into an array of the problem's dtype; null stays null.
-struct Offset {
-  int64_t es;
-  const void* operator()(const void* base, int64_t elems) const {
-    return base ? static_cast<const char*>(base) + elems * es : nullptr;
-  }
-  void* operator()(void* base, int64_t elems) const {
-    return base ? static_cast<char*>(base) + elems * es : nullptr;
-  }
-};
-
 void project(const Problem& p, const void* source, const void* W, const void* bias, void* xp) {
   if (p.dtype == DType::Float32)
     project_impl(p, static_cast<const float*>(source), p.I, static_cast<const float*>(W),
@@ -265,7 +256,8 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
     xp = xbuf.data();
   }
   Tensor mask = broadcast_mask(p, in);
-  const Offset off{dtype_size(p.dtype)};
+  const int64_t es = dtype_size(p.dtype);
+  const auto off = [es](auto base, int64_t elems) { return advance(base, elems, es); };
   DirectionForward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionForward& a = dirs[d];
@@ -308,7 +300,8 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
     dxbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
     dxp = dxbuf.data();
   }
-  const Offset off{dtype_size(p.dtype)};
+  const int64_t es = dtype_size(p.dtype);
+  const auto off = [es](auto base, int64_t elems) { return advance(base, elems, es); };
   DirectionBackward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionBackward& a = dirs[d];
