@@ -16,7 +16,7 @@
 namespace rnncore::detail {
 namespace {
 
-// The backend of `device` for problem p, refusing what it cannot compute (api.md: float64
+// The backend of `device` for problem p, refusing what it cannot compute (docs/api.md: float64
 // on Metal is a TypeError naming both).
 Backend& backend_for(Device device, const Problem& p, bool gradients) {
   const std::string op = std::string(op_name(p.op)) + (gradients ? "_gradients" : "");

@@ -7,6 +7,7 @@
 #include <exception>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/fused.hpp"
@@ -74,20 +75,20 @@ P advance(P base, int64_t elems, int64_t es) {
 // The direction's arguments moved to batch row n0 (every per-row array).
 DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   DirectionBackward v = a;
-  const auto at = [&](auto ptr, int64_t ld) { return advance(ptr, n0 * ld, es); };
-  v.z = at(a.z, a.z_ld);
-  v.h_fwd = at(a.h_fwd, a.h_fwd_ld);
-  v.c_fwd = at(a.c_fwd, a.c_fwd_ld);
-  v.h0 = at(a.h0, a.h0_ld);
-  v.c0 = at(a.c0, a.c0_ld);
-  v.mask = at(a.mask, a.mask_ld);
-  v.dy = at(a.dy, a.dy_ld);
-  v.dh_final = at(a.dh_final, a.dh_final_ld);
-  v.dc_final = at(a.dc_final, a.dc_final_ld);
-  v.dc_steps = at(a.dc_steps, a.dc_steps_ld);
-  v.dxp = at(a.dxp, a.dxp_ld);
-  v.dh0 = at(a.dh0, a.dh0_ld);
-  v.dc0 = at(a.dc0, a.dc0_ld);
+  const std::pair<const void**, int64_t> inputs[] = {{&v.z, a.z_ld},
+                                                     {&v.h_fwd, a.h_fwd_ld},
+                                                     {&v.c_fwd, a.c_fwd_ld},
+                                                     {&v.h0, a.h0_ld},
+                                                     {&v.c0, a.c0_ld},
+                                                     {&v.mask, a.mask_ld},
+                                                     {&v.dy, a.dy_ld},
+                                                     {&v.dh_final, a.dh_final_ld},
+                                                     {&v.dc_final, a.dc_final_ld},
+                                                     {&v.dc_steps, a.dc_steps_ld}};
+  const std::pair<void**, int64_t> outputs[] = {
+      {&v.dxp, a.dxp_ld}, {&v.dh0, a.dh0_ld}, {&v.dc0, a.dc0_ld}};
+  for (auto [ptr, ld] : inputs) *ptr = advance(*ptr, n0 * ld, es);
+  for (auto [ptr, ld] : outputs) *ptr = advance(*ptr, n0 * ld, es);
   return v;
 }
 
@@ -243,6 +244,26 @@ void input_gradients(const Problem& p, const void* dxp, const void* source, cons
                          static_cast<double*>(dW), static_cast<double*>(dbias));
 }
 
+// Direction d's view of the layer's inputs: weights, initial state and cell, mask (already
+// broadcast), peephole, and the time flips.
+void direction_inputs(const Problem& p, const detail::ForwardArrays& in, const void* mask,
+                      int64_t d, DirectionInputs& a) {
+  const int64_t H = p.H, DH = p.dh(), es = dtype_size(p.dtype);
+  const auto off = [es](const void* base, int64_t elems) { return advance(base, elems, es); };
+  a.R = off(in.recurrent_weight, d * p.gh() * H);
+  a.h0 = off(in.init_state, d * H);
+  a.h0_ld = DH;
+  a.c0 = off(in.init_cell, d * H);
+  a.c0_ld = DH;
+  a.mask = off(mask, d * H);
+  a.mask_ld = DH;
+  a.peephole = off(in.peephole, d * 4 * H);
+  // Unidirectional reverse: read flipped, write in processing order. Backward half:
+  // read flipped, write flipped back to input time.
+  a.flip_in = d == 1 || p.reverse;
+  a.flip_out = d == 1;
+}
+
 // The contract's wrapper ("How every forward operation is built"): project + bias,
 // broadcast the mask, then per direction the core recurrence with its time flips, writing
 // straight into the concatenated outputs.
@@ -261,16 +282,9 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
   DirectionForward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionForward& a = dirs[d];
+    direction_inputs(p, in, mask.data(), d, a);
     a.xp = off(xp, d * p.gh());
     a.xp_ld = dgh;
-    a.R = off(in.recurrent_weight, d * p.gh() * H);
-    a.h0 = off(in.init_state, d * H);
-    a.h0_ld = DH;
-    a.c0 = off(in.init_cell, d * H);
-    a.c0_ld = DH;
-    a.mask = off(mask.data(), d * H);
-    a.mask_ld = DH;
-    a.peephole = off(in.peephole, d * 4 * H);
     a.b2 = p.reset_after ? off(in.secondary_bias, d * H) : nullptr;
     a.y = off(in.state, d * H);
     a.y_ld = DH;
@@ -278,10 +292,6 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
     a.c_ld = DH;
     a.z = off(in.z_state, d * p.ZG * H);
     a.z_ld = D * p.ZG * H;
-    // Unidirectional reverse: read flipped, write in processing order. Backward half:
-    // read flipped, write flipped back to input time.
-    a.flip_in = d == 1 || p.reverse;
-    a.flip_out = d == 1;
   }
   if (!blas_path_forced())
     fused_forward(p, dirs);
@@ -305,39 +315,27 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
   DirectionBackward dirs[2];
   for (int64_t d = 0; d < D; ++d) {
     DirectionBackward& a = dirs[d];
+    direction_inputs(p, in.fwd, mask.data(), d, a);
+    // A per-row array of this direction: its columns of [.., N, D*H], row stride D*H.
+    const auto rows = [&](auto base, int64_t& ld) {
+      ld = DH;
+      return off(base, d * H);
+    };
     a.z = off(in.z_state, d * p.ZG * H);
     a.z_ld = D * p.ZG * H;
-    a.h_fwd = off(in.h_fwd, d * H);
-    a.h_fwd_ld = DH;
-    a.c_fwd = off(in.c_fwd, d * H);
-    a.c_fwd_ld = DH;
-    a.R = off(in.fwd.recurrent_weight, d * GH * H);
-    a.h0 = off(in.fwd.init_state, d * H);
-    a.h0_ld = DH;
-    a.c0 = off(in.fwd.init_cell, d * H);
-    a.c0_ld = DH;
-    a.mask = off(mask.data(), d * H);
-    a.mask_ld = DH;
-    a.peephole = off(in.fwd.peephole, d * 4 * H);
-    a.dy = off(in.dy, d * H);
-    a.dy_ld = DH;
-    a.dh_final = off(in.dh_final, d * H);
-    a.dh_final_ld = DH;
-    a.dc_final = off(in.dc_final, d * H);
-    a.dc_final_ld = DH;
-    a.dc_steps = off(in.dc_steps, d * H);
-    a.dc_steps_ld = DH;
+    a.h_fwd = rows(in.h_fwd, a.h_fwd_ld);
+    a.c_fwd = rows(in.c_fwd, a.c_fwd_ld);
+    a.dy = rows(in.dy, a.dy_ld);
+    a.dh_final = rows(in.dh_final, a.dh_final_ld);
+    a.dc_final = rows(in.dc_final, a.dc_final_ld);
+    a.dc_steps = rows(in.dc_steps, a.dc_steps_ld);
     a.dxp = off(dxp, d * GH);
     a.dxp_ld = dgh;
     a.dR = off(in.dR, d * GH * H);
     a.dP = off(in.dP, d * 4 * H);
     a.db2 = p.reset_after ? off(in.db2, d * H) : nullptr;
-    a.dh0 = off(in.dh0, d * H);
-    a.dh0_ld = DH;
-    a.dc0 = off(in.dc0, d * H);
-    a.dc0_ld = DH;
-    a.flip_in = d == 1 || p.reverse;
-    a.flip_out = d == 1;
+    a.dh0 = rows(in.dh0, a.dh0_ld);
+    a.dc0 = rows(in.dc0, a.dc0_ld);
   }
   if (p.dtype == DType::Float32)
     backward_impl<float>(p, dirs);

@@ -1,4 +1,5 @@
-// The Metal backend (see backend.hpp): float32; every op is one plan, run as one submission.
+// The Metal backend (see backend.hpp): float32 and float16; every op, forward or gradients,
+// is one plan, run as one submission.
 #include "metal/backend.hpp"
 
 #include <memory>
