@@ -51,13 +51,6 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
-template void lstm_forward<float>(const Problem&, const DirectionForward&);
-template void lstm_forward<double>(const Problem&, const DirectionForward&);
-
-}  // namespace rnncore::cpu
-
-namespace rnncore::cpu {
-
 // BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step, rebuilt from
 // z_state and the cell output; dR and the per-step dX' products are GEMMs.
 template <class T>
@@ -148,13 +141,7 @@ void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T*
                    a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
-template void lstm_backward<float>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<float>&);
-template void lstm_backward<double>(const Problem&, const DirectionBackward&,
-                                    const BackwardSlice<double>&);
-template void lstm_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
-                                          const float*);
-template void lstm_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
-                                           const double*);
+RNNCORE_INSTANTIATE_CELL(lstm, float)
+RNNCORE_INSTANTIATE_CELL(lstm, double)
 
 }  // namespace rnncore::cpu

@@ -184,4 +184,12 @@ template <class T>
 void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
                          const T* side);
 
+// The entry points of one cell file (rnn.cpp, lstm.cpp, gru.cpp), instantiated there for T.
+#define RNNCORE_INSTANTIATE_CELL(cell, T)                                                     \
+  template void cell##_forward<T>(const Problem&, const DirectionForward&);                   \
+  template void cell##_backward<T>(const Problem&, const DirectionBackward&,                  \
+                                   const BackwardSlice<T>&);                                  \
+  template void cell##_backward_reduce<T>(const Problem&, const DirectionBackward&, const T*, \
+                                          const T*);
+
 }  // namespace rnncore::cpu

@@ -28,13 +28,6 @@ void rnn_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
-template void rnn_forward<float>(const Problem&, const DirectionForward&);
-template void rnn_forward<double>(const Problem&, const DirectionForward&);
-
-}  // namespace rnncore::cpu
-
-namespace rnncore::cpu {
-
 // BPTT per the contract; dR comes from one GEMM over all steps after the loop.
 template <class T>
 void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
@@ -87,13 +80,7 @@ void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
                    hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
-template void rnn_backward<float>(const Problem&, const DirectionBackward&,
-                                  const BackwardSlice<float>&);
-template void rnn_backward<double>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<double>&);
-template void rnn_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
-                                         const float*);
-template void rnn_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
-                                          const double*);
+RNNCORE_INSTANTIATE_CELL(rnn, float)
+RNNCORE_INSTANTIATE_CELL(rnn, double)
 
 }  // namespace rnncore::cpu
