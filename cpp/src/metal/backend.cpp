@@ -2,9 +2,11 @@
 // is one plan, run as one submission.
 #include "metal/backend.hpp"
 
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "rnncore/error.hpp"
 
@@ -27,12 +29,9 @@ class MetalBackend final : public detail::Backend {
 
   void forward(const Problem& p, const detail::ForwardArrays& a) override {
     const Plan plan = plan_forward(p, MaskShape{a.mask_rows, a.mask_cols});
-    HostArrays arrays = inputs(a);
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::State, a.state);
-    put(Buffer::Cell, a.cell);
-    put(Buffer::ZState, a.z_state);
-    executor_.run(plan, arrays);
+    executor_.run(plan, with(inputs(a), {{Buffer::State, a.state},
+                                         {Buffer::Cell, a.cell},
+                                         {Buffer::ZState, a.z_state}}));
   }
 
   void backward(const Problem& p, const detail::BackwardArrays& a) override {
@@ -43,39 +42,42 @@ class MetalBackend final : public detail::Backend {
     gs.dc_steps = a.dc_steps != nullptr;
     gs.want_db2 = a.db2 != nullptr;
     const Plan plan = plan_gradients(p, gs);
-    HostArrays arrays = inputs(a.fwd);
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::ZState, a.z_state);
-    put(Buffer::StateFwd, a.h_fwd);
-    put(Buffer::CellFwd, a.c_fwd);
-    put(Buffer::SourceGradient, a.dy);
-    put(Buffer::StateGradient, a.dh_final);
-    put(Buffer::CellGradient, a.dc_final ? a.dc_final : a.dc_steps);
-    put(Buffer::DSource, a.dsource);
-    put(Buffer::DRecurrentWeight, a.dR);
-    put(Buffer::DInputWeight, a.dW);
-    put(Buffer::DBias, a.dbias);
-    put(Buffer::DInitState, a.dh0);
-    put(Buffer::DInitCell, a.dc0);
-    put(Buffer::DPeephole, a.dP);
-    put(Buffer::DSecondaryBias, a.db2);
-    executor_.run(plan, arrays);
+    const void* cell_gradient = a.dc_final ? a.dc_final : a.dc_steps;
+    executor_.run(plan, with(inputs(a.fwd), {{Buffer::ZState, a.z_state},
+                                             {Buffer::StateFwd, a.h_fwd},
+                                             {Buffer::CellFwd, a.c_fwd},
+                                             {Buffer::SourceGradient, a.dy},
+                                             {Buffer::StateGradient, a.dh_final},
+                                             {Buffer::CellGradient, cell_gradient},
+                                             {Buffer::DSource, a.dsource},
+                                             {Buffer::DRecurrentWeight, a.dR},
+                                             {Buffer::DInputWeight, a.dW},
+                                             {Buffer::DBias, a.dbias},
+                                             {Buffer::DInitState, a.dh0},
+                                             {Buffer::DInitCell, a.dc0},
+                                             {Buffer::DPeephole, a.dP},
+                                             {Buffer::DSecondaryBias, a.db2}}));
   }
 
  private:
-  static HostArrays inputs(const detail::ForwardArrays& a) {
-    HostArrays arrays{};
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::Source, a.source);
-    put(Buffer::InputWeight, a.input_weight);
-    put(Buffer::RecurrentWeight, a.recurrent_weight);
-    put(Buffer::Bias, a.bias);
-    put(Buffer::InitState, a.init_state);
-    put(Buffer::InitCell, a.init_cell);
-    put(Buffer::Mask, a.mask);
-    put(Buffer::Peephole, a.peephole);
-    put(Buffer::SecondaryBias, a.secondary_bias);
+  // `arrays` with each (buffer, pointer) of `items` set.
+  static HostArrays with(HostArrays arrays,
+                         std::initializer_list<std::pair<Buffer, const void*>> items) {
+    for (const auto& [b, data] : items) arrays[static_cast<int>(b)] = data;
     return arrays;
+  }
+
+  // The caller's forward inputs, where the plan's buffers of the same names live.
+  static HostArrays inputs(const detail::ForwardArrays& a) {
+    return with(HostArrays{}, {{Buffer::Source, a.source},
+                               {Buffer::InputWeight, a.input_weight},
+                               {Buffer::RecurrentWeight, a.recurrent_weight},
+                               {Buffer::Bias, a.bias},
+                               {Buffer::InitState, a.init_state},
+                               {Buffer::InitCell, a.init_cell},
+                               {Buffer::Mask, a.mask},
+                               {Buffer::Peephole, a.peephole},
+                               {Buffer::SecondaryBias, a.secondary_bias}});
   }
 
   Executor& executor_;
