@@ -61,14 +61,12 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
   T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
-  T* hm_all = sl.hm_all;
   T* g = ws.take(G4);   // activated gates of one row
   T* dg = ws.take(G4);  // their derivatives
   T* phi = ws.take(H);
   T* dphi = ws.take(H);
   T* tmp = ws.take(H);
   T* dP = sl.dP;
-  const T* R = static_cast<const T*>(a.R);
   const T* P = static_cast<const T*>(a.peephole);
   const int64_t oi = p.lstm_i * H, of = p.lstm_f * H, oz = p.lstm_z * H, oo = p.lstm_o * H;
   if (a.dc_final)  // the final-cell form seeds the cell gradient of the last step
@@ -113,7 +111,6 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
           }
     }
     // h[t-1] = o ⊙ φ(c) of the previous step, or the initial state.
-    Rows<const T> hp{zeros, H};
     if (s > 0) {
       const int64_t tp = step_time(s - 1, T_, a.flip_out);
       const T* zp = static_cast<const T*>(a.z) + tp * TS * a.z_ld;
@@ -123,13 +120,8 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
         activate(p.cell_act, cpv.row(n), phi, H);
         for (int64_t j = 0; j < H; ++j) hprev[n * H + j] = tmp[j] * phi[j];
       }
-      hp = {hprev, H};
-    } else if (a.h0) {
-      hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
-    store_masked(a, hp, N, H, hm_all + tin * TS * H);
-    step_product<T>(dx, a.dxp_ld, N, G4, R, sl.packed_R, H, dh_next, H, false);
-    apply_mask(a, dh_next, N, H);
+    end_step(p, a, sl, s, hprev, zeros, dx, G4, dh_next);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
   copy_rows(dc_next, N, H, a.dc0, a.dc0_ld);
