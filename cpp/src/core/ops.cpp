@@ -153,7 +153,15 @@ struct Call {
 
 bool empty_problem(const Problem& p) { return p.T == 0 || p.N == 0 || p.H == 0; }
 
-void fill_zeros(Tensor& t) { std::memset(t.data(), 0, static_cast<size_t>(t.nbytes())); }
+// A backend's zero-size array may come without memory, and null is no memset/memcpy argument.
+void fill_zeros(Tensor& t) {
+  if (t.nbytes() > 0) std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
+}
+
+void copy_into(std::optional<Tensor>& dst, const void* src) {
+  if (dst && src && dst->nbytes() > 0)
+    std::memcpy(dst->data(), src, static_cast<size_t>(dst->nbytes()));
+}
 
 struct Outputs {
   Tensor state;
@@ -214,10 +222,8 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     for (auto* t :
          {&g.input_weight, &g.bias, &g.peephole, &g.init_state, &g.init_cell, &g.secondary_bias})
       if (*t) fill_zeros(**t);
-    if (a.dh_final && a.dh0)
-      std::memcpy(a.dh0, a.dh_final, static_cast<size_t>(g.init_state->nbytes()));
-    if (a.dc_final && a.dc0)
-      std::memcpy(a.dc0, a.dc_final, static_cast<size_t>(g.init_cell->nbytes()));
+    copy_into(g.init_state, a.dh_final);
+    copy_into(g.init_cell, a.dc_final);
     return g;
   }
   // A reset-before GRU ignores the secondary bias: its gradient stays zero.
