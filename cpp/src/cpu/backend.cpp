@@ -1,5 +1,7 @@
-// The CPU backend: BLAS for the products, hand-written fused passes for the gates, and
-// work split into chunks fixed by the problem's shape that the pool's threads claim.
+// The CPU backend: the contract's wrapper around the cells (projection, mask broadcast,
+// directions, input gradients), the fused forward kernels (fused.hpp), BPTT in rnn.cpp,
+// lstm.cpp and gru.cpp, BLAS for the big products, and work split into chunks fixed by the
+// problem's shape that the pool's threads claim.
 #include "core/backend.hpp"
 
 #include <cstdlib>

@@ -1,5 +1,7 @@
-// GRU on the CPU (contract: "GRU"). Reset-before needs the reset gate before the
-// candidate's recurrent product, so it takes two GEMMs per step; reset-after takes one.
+// GRU on the CPU (contract: "GRU"): back-propagation through time, and the forward of the
+// BLAS path (RNNCORE_CPU_PATH=blas; the default forward is fused_kernels.hpp's).
+// Reset-before needs the reset gate before the candidate's recurrent product, so it takes
+// two products per step; reset-after takes one.
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 

@@ -1,4 +1,6 @@
-// LSTM on the CPU (contract: "LSTM"): per step one recurrent GEMM and one fused pass.
+// LSTM on the CPU (contract: "LSTM"): back-propagation through time, and the forward of the
+// BLAS path (RNNCORE_CPU_PATH=blas; the default forward is fused_kernels.hpp's). Per step
+// one recurrent product and one pass over the gates.
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 

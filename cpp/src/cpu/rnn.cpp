@@ -1,4 +1,6 @@
-// Single-gate RNN on the CPU (contract: "Single-gate RNN").
+// Single-gate RNN on the CPU (contract: "Single-gate RNN"): back-propagation through time,
+// and the forward of the BLAS path (RNNCORE_CPU_PATH=blas; the default forward is
+// fused_kernels.hpp's).
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 
