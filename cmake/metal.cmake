@@ -7,7 +7,7 @@
 set(RNNCORE_METAL_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
 
 # How to get the Metal compiler: said by the AUTO warning, the ON error and, in a library
-# built without it, by the DeviceError for device 'metal' (cpp/src/metal/unavailable.cpp).
+# built without it, by the DeviceError for device 'metal' (cpp/src/metal/devices.cpp).
 # (No semicolons: it becomes a compile definition.)
 string(CONCAT RNNCORE_METAL_COMPILER_HELP
   "install Xcode (the Command Line Tools alone have no Metal compiler), select it with "
@@ -86,7 +86,7 @@ endfunction()
 # raises a DeviceError naming <reason> (why this build has no Metal backend; "" for the
 # default: Metal is for Apple silicon Macs).
 function(rnncore_add_no_metal target reason)
-  get_filename_component(source ${RNNCORE_METAL_CMAKE_DIR}/../cpp/src/metal/unavailable.cpp
+  get_filename_component(source ${RNNCORE_METAL_CMAKE_DIR}/../cpp/src/metal/devices.cpp
                          ABSOLUTE)
   target_sources(${target} PRIVATE ${source})
   if(reason)

@@ -61,7 +61,7 @@ def clang():
 
 @pytest.mark.parametrize("source", check.SOURCES, ids=lambda p: p.name)
 def test_apple_host_code_compiles(clang, headers, source):
-    """apple_executor.cpp and apple.cpp compile against metal-cpp and the SDK stand-ins with
+    """apple_executor.cpp and devices.cpp compile against metal-cpp and the SDK stand-ins with
     the project's warnings (CMakeLists.txt's RNNCORE_WARNINGS) as errors."""
     passed, output = check.syntax_check(clang, headers, source)
     assert passed, f"{source.name} does not compile:\n{output}"
@@ -160,7 +160,7 @@ def test_on_without_the_metal_compiler_fails(tmp_path, machine):
 
 def test_cpu_only_build_says_why_in_the_library(tmp_path):
     """The reason AUTO gives reaches the library: rnncore_add_no_metal() compiles
-    unavailable.cpp with it as its DeviceError text (parentheses, quotes of the shell and
+    devices.cpp with it as its DeviceError text (parentheses, quotes of the shell and
     CMake's list separator all survive), with either generator."""
     project = tmp_path / "project"
     project.mkdir()
@@ -186,7 +186,7 @@ def test_cpu_only_build_says_why_in_the_library(tmp_path):
         ):
             run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
             assert run.returncode == 0, run.stdout + run.stderr
-        objects = list(build.rglob("unavailable.cpp.o"))
+        objects = list(build.rglob("devices.cpp.o"))
         assert len(objects) == 1, objects
         data = objects[0].read_bytes()
         assert (

@@ -80,21 +80,11 @@ def make_case(kind, shape, variant, dtype, seed):
     T, N, I, H, bidirectional = shape  # noqa: E741 (the contract's names)
     fields, options = variants(kind)[variant]
     rng = np.random.default_rng(seed)
-    inputs = make_inputs(
-        rng, kind, T=T, N=N, H=H, I=I, bidirectional=bidirectional, dtype=dtype, **options
-    )
+    sizes = {"T": T, "N": N, "H": H, "bidirectional": bidirectional, "dtype": dtype}
+    inputs = make_inputs(rng, kind, I=I, **sizes, **options)
     desc = make_descriptor(kind, bidirectional=bidirectional, **fields)
-    cot = make_cotangents(
-        rng,
-        kind,
-        T=T,
-        N=N,
-        H=H,
-        bidirectional=bidirectional,
-        dtype=dtype,
-        state_gradient=True,
-        cell_gradient="steps" if variant else "final",
-    )
+    cell_gradient = "steps" if variant else "final"
+    cot = make_cotangents(rng, kind, **sizes, state_gradient=True, cell_gradient=cell_gradient)
     return kind, inputs, desc, cot
 
 

@@ -2,14 +2,14 @@
 """rnncore's Apple host code, checked on Linux (no Mac, no Xcode).
 
 The metal-cpp executor (cpp/src/metal/apple_executor.cpp) and the "metal" device
-(cpp/src/metal/apple.cpp) are compiled only on a Mac. Here clang compiles them against
-metal-cpp's headers (from the pinned sdist of pymetal-cpp on PyPI, which carries them) and the
-stand-ins for the SDK headers Linux lacks (sdk/, declared as Apple's SDK declares them), with
-the project's warning flags and -Werror; and CMake builds the Metal part of the project with a
-stand-in xcrun (./xcrun) that records its invocations, and the executor object it builds runs
-against a fake Objective-C runtime and Metal (fake_metal.cpp). tests/test_apple_host.py runs
-the checks (negative controls included); this script fetches metal-cpp and runs the compile
-check alone:
+(cpp/src/metal/devices.cpp, with RNNCORE_METAL_APPLE) are compiled only on a Mac. Here clang
+compiles them against metal-cpp's headers (from the pinned sdist of pymetal-cpp on PyPI, which
+carries them) and the stand-ins for the SDK headers Linux lacks (sdk/, declared as Apple's SDK
+declares them), with the project's warning flags and -Werror; and CMake builds the Metal part of
+the project with a stand-in xcrun (./xcrun) that records its invocations, and the executor
+object it builds runs against a fake Objective-C runtime and Metal (fake_metal.cpp).
+tests/test_apple_host.py runs the checks (negative controls included); this script fetches
+metal-cpp and runs the compile check alone:
 
     python tests/apple_host/check.py fetch   # download and verify the sdist (cached)
     python tests/apple_host/check.py         # fetch, then compile the two files
@@ -38,7 +38,7 @@ SDK = HERE / "sdk"
 XCRUN = HERE / "xcrun"
 CONSUMER = HERE / "consumer.cpp"
 METAL_ENABLED = HERE / "metal_enabled.cmake"
-SOURCES = [ROOT / "cpp/src/metal/apple_executor.cpp", ROOT / "cpp/src/metal/apple.cpp"]
+SOURCES = [ROOT / "cpp/src/metal/apple_executor.cpp", ROOT / "cpp/src/metal/devices.cpp"]
 
 # metal-cpp (the macOS 15 / iOS 18 headers) inside pymetal-cpp's sdist, pinned by digest.
 PACKAGE, VERSION = "pymetal-cpp", "0.1.5"
@@ -138,6 +138,7 @@ def compile_flags(headers):
         "-fblocks",
         *project_warnings(),
         "-Werror",
+        "-DRNNCORE_METAL_APPLE",  # devices.cpp's "metal" device as an Apple build has it
         "-isystem",
         str(SDK),
         "-isystem",

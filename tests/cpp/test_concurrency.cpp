@@ -114,18 +114,17 @@ struct RnnCase : Case {
     d.activation = Activation::Tanh;
     d.training = true;
     name = std::string("rnn") + (grads ? "_gradients" : "");
-    if (grads) {
-      RNNInputs in;
-      c.fill(in);
-      z = *single_gate_rnn(in, d, device).z_state;
-    }
+    if (grads) z = *forward().z_state;
+  }
+  RNNResults forward() const {
+    RNNInputs in;
+    c.fill(in);
+    return single_gate_rnn(in, d, device);
   }
   Outputs run() const override {
     Outputs out;
     if (!gradients) {
-      RNNInputs in;
-      c.fill(in);
-      const RNNResults r = single_gate_rnn(in, d, device);
+      const RNNResults r = forward();
       add(out, r.state), add(out, r.z_state);
       return out;
     }
@@ -158,12 +157,15 @@ struct LstmCase : Case {
     d.training = true;
     name = std::string("lstm") + (grads ? "_gradients" : "");
     if (grads) {
-      LSTMInputs in;
-      fill(in);
-      const LSTMResults r = lstm(in, d, device);
+      const LSTMResults r = forward();
       z = *r.z_state;
       cell = *r.cell;
     }
+  }
+  LSTMResults forward() const {
+    LSTMInputs in;
+    fill(in);
+    return lstm(in, d, device);
   }
   template <class In>
   void fill(In& in) const {
@@ -175,9 +177,7 @@ struct LstmCase : Case {
   Outputs run() const override {
     Outputs out;
     if (!gradients) {
-      LSTMInputs in;
-      fill(in);
-      const LSTMResults r = lstm(in, d, device);
+      const LSTMResults r = forward();
       add(out, r.state), add(out, r.cell), add(out, r.z_state);
       return out;
     }
@@ -211,12 +211,15 @@ struct GruCase : Case {
     d.training = true;
     name = std::string("gru") + (grads ? "_gradients" : "");
     if (grads) {
-      GRUInputs in;
-      fill(in);
-      const GRUResults r = gru(in, d, device);
+      const GRUResults r = forward();
       z = *r.z_state;
       y = r.state;
     }
+  }
+  GRUResults forward() const {
+    GRUInputs in;
+    fill(in);
+    return gru(in, d, device);
   }
   template <class In>
   void fill(In& in) const {
@@ -226,9 +229,7 @@ struct GruCase : Case {
   Outputs run() const override {
     Outputs out;
     if (!gradients) {
-      GRUInputs in;
-      fill(in);
-      const GRUResults r = gru(in, d, device);
+      const GRUResults r = forward();
       add(out, r.state), add(out, r.z_state);
       return out;
     }

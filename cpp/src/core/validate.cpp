@@ -44,6 +44,12 @@ void Checker::dtype(const char* name, const TensorView& v) {
   }
 }
 
+void Checker::array(const char* name, const TensorView& v, const Shape& expected,
+                    const char* meaning) {
+  dtype(name, v);
+  exact(name, v, expected, meaning);
+}
+
 void Checker::exact(const char* name, const TensorView& v, const Shape& expected,
                     const char* meaning) const {
   if (v.shape == expected) return;
@@ -124,13 +130,11 @@ void validate_common(Checker& c, Problem& p, const In& in, bool bidirectional) {
   }
   if (in.bias) {
     p.has_bias = true;
-    c.dtype("bias", *in.bias);
-    c.exact("bias", *in.bias, {dgh}, "(D*G*H)");
+    c.array("bias", *in.bias, {dgh}, "(D*G*H)");
   }
   if (in.init_state) {
     p.has_init_state = true;
-    c.dtype("init_state", *in.init_state);
-    c.exact("init_state", *in.init_state, {p.N, dh}, "(N, D*H)");
+    c.array("init_state", *in.init_state, {p.N, dh}, "(N, D*H)");
   }
   if (in.mask) {
     p.has_mask = true;
@@ -182,8 +186,7 @@ Problem validate_inputs(Checker& c, const LSTMInputs& in, const LSTMDescriptor& 
   validate_common(c, p, in, d.bidirectional);
   if (in.init_cell) {
     p.has_init_cell = true;
-    c.dtype("init_cell", *in.init_cell);
-    c.exact("init_cell", *in.init_cell, {p.N, p.D * p.H}, "(N, D*H)");
+    c.array("init_cell", *in.init_cell, {p.N, p.D * p.H}, "(N, D*H)");
   }
   if (in.peephole) {
     p.has_peephole = true;
@@ -218,8 +221,7 @@ Problem validate_inputs(Checker& c, const GRUInputs& in, const GRUDescriptor& d)
   validate_common(c, p, in, d.bidirectional);
   if (in.secondary_bias) {
     p.has_secondary_bias = true;
-    c.dtype("secondary_bias", *in.secondary_bias);
-    c.exact("secondary_bias", *in.secondary_bias, {p.D * p.H}, "(D*H)");
+    c.array("secondary_bias", *in.secondary_bias, {p.D * p.H}, "(D*H)");
   }
   p.dtype = c.dtype_value();
   p.reverse = d.reverse && !d.bidirectional;
@@ -234,19 +236,16 @@ Problem validate_inputs(Checker& c, const GRUInputs& in, const GRUDescriptor& d)
   return p;
 }
 
-// The inputs every gradient op adds to its forward op's.
-template <class In>
-void validate_gradient_common(Checker& c, const Problem& p, const In& in) {
+// The forward op's inputs, and those every gradient op adds to them.
+template <class In, class Desc>
+Problem validate_gradient_inputs(Checker& c, const In& in, const Desc& d) {
+  const Problem p = validate_inputs(c, in, d);
   const Shape seq = {p.T, p.N, p.dh()};
-  c.dtype("source_gradient", in.source_gradient);
-  c.exact("source_gradient", in.source_gradient, seq, "(T, N, D*H)");
-  c.dtype("z_state", in.z_state);
-  c.exact("z_state", in.z_state, {p.T, p.N, p.D * p.ZG * p.H},
+  c.array("source_gradient", in.source_gradient, seq, "(T, N, D*H)");
+  c.array("z_state", in.z_state, {p.T, p.N, p.D * p.ZG * p.H},
           "(the training state of a forward run with this descriptor)");
-  if (in.state_gradient) {
-    c.dtype("state_gradient", *in.state_gradient);
-    c.exact("state_gradient", *in.state_gradient, {p.N, p.dh()}, "(N, D*H)");
-  }
+  if (in.state_gradient) c.array("state_gradient", *in.state_gradient, {p.N, p.dh()}, "(N, D*H)");
+  return p;
 }
 
 }  // namespace
@@ -268,17 +267,13 @@ Problem validate(const GRUInputs& in, const GRUDescriptor& d) {
 
 Problem validate(const RNNGradientInputs& in, const RNNDescriptor& d) {
   Checker c("single_gate_rnn_gradients");
-  Problem p = validate_inputs(c, in, d);
-  validate_gradient_common(c, p, in);
-  return p;
+  return validate_gradient_inputs(c, in, d);
 }
 
 Problem validate(const LSTMGradientInputs& in, const LSTMDescriptor& d) {
   Checker c("lstm_gradients");
-  Problem p = validate_inputs(c, in, d);
-  validate_gradient_common(c, p, in);
-  c.dtype("cell_output_fwd", in.cell_output_fwd);
-  c.exact("cell_output_fwd", in.cell_output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
+  const Problem p = validate_gradient_inputs(c, in, d);
+  c.array("cell_output_fwd", in.cell_output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
   if (in.cell_gradient) {
     const TensorView& g = *in.cell_gradient;
     c.dtype("cell_gradient", g);
@@ -293,10 +288,8 @@ Problem validate(const LSTMGradientInputs& in, const LSTMDescriptor& d) {
 
 Problem validate(const GRUGradientInputs& in, const GRUDescriptor& d) {
   Checker c("gru_gradients");
-  Problem p = validate_inputs(c, in, d);
-  validate_gradient_common(c, p, in);
-  c.dtype("output_fwd", in.output_fwd);
-  c.exact("output_fwd", in.output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
+  const Problem p = validate_gradient_inputs(c, in, d);
+  c.array("output_fwd", in.output_fwd, {p.T, p.N, p.dh()}, "(T, N, D*H)");
   return p;
 }
 

@@ -24,6 +24,8 @@ class Checker {
   void dtype(const char* name, const TensorView& v);
   void exact(const char* name, const TensorView& v, const Shape& expected,
              const char* meaning = nullptr) const;
+  // dtype(name, v), then exact(name, v, expected, meaning).
+  void array(const char* name, const TensorView& v, const Shape& expected, const char* meaning);
   void rank(const char* name, const TensorView& v, int64_t rank, const char* meaning) const;
   void activation(const char* field, Activation a) const;
   // Refuses a product of sizes (named factors) too large for 64-bit byte arithmetic.

@@ -1,10 +1,15 @@
-// The CPU backend: BLAS for the products, hand-written fused passes for the gates, and
-// work split into chunks fixed by the problem's shape that the pool's threads claim.
+// The CPU backend: the contract's wrapper around the cells (projection, mask broadcast,
+// directions, input gradients), the fused forward kernels (fused.hpp), BPTT in rnn.cpp,
+// lstm.cpp and gru.cpp, BLAS for the big products, and work split into chunks fixed by the
+// problem's shape that the pool's threads claim.
+#include "core/backend.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/fused.hpp"
@@ -62,28 +67,30 @@ void reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const
   }
 }
 
+// `base` moved `elems` elements of `es` bytes on; null stays null.
+template <class P>
+P advance(P base, int64_t elems, int64_t es) {
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
+  return base ? static_cast<P>(static_cast<Byte*>(base) + elems * es) : nullptr;
+}
+
 // The direction's arguments moved to batch row n0 (every per-row array).
 DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   DirectionBackward v = a;
-  auto at = [&](const void* ptr, int64_t ld) -> const void* {
-    return ptr ? static_cast<const char*>(ptr) + n0 * ld * es : nullptr;
-  };
-  auto at_mut = [&](void* ptr, int64_t ld) -> void* {
-    return ptr ? static_cast<char*>(ptr) + n0 * ld * es : nullptr;
-  };
-  v.z = at(a.z, a.z_ld);
-  v.h_fwd = at(a.h_fwd, a.h_fwd_ld);
-  v.c_fwd = at(a.c_fwd, a.c_fwd_ld);
-  v.h0 = at(a.h0, a.h0_ld);
-  v.c0 = at(a.c0, a.c0_ld);
-  v.mask = at(a.mask, a.mask_ld);
-  v.dy = at(a.dy, a.dy_ld);
-  v.dh_final = at(a.dh_final, a.dh_final_ld);
-  v.dc_final = at(a.dc_final, a.dc_final_ld);
-  v.dc_steps = at(a.dc_steps, a.dc_steps_ld);
-  v.dxp = at_mut(a.dxp, a.dxp_ld);
-  v.dh0 = at_mut(a.dh0, a.dh0_ld);
-  v.dc0 = at_mut(a.dc0, a.dc0_ld);
+  const std::pair<const void**, int64_t> inputs[] = {{&v.z, a.z_ld},
+                                                     {&v.h_fwd, a.h_fwd_ld},
+                                                     {&v.c_fwd, a.c_fwd_ld},
+                                                     {&v.h0, a.h0_ld},
+                                                     {&v.c0, a.c0_ld},
+                                                     {&v.mask, a.mask_ld},
+                                                     {&v.dy, a.dy_ld},
+                                                     {&v.dh_final, a.dh_final_ld},
+                                                     {&v.dc_final, a.dc_final_ld},
+                                                     {&v.dc_steps, a.dc_steps_ld}};
+  const std::pair<void**, int64_t> outputs[] = {
+      {&v.dxp, a.dxp_ld}, {&v.dh0, a.dh0_ld}, {&v.dc0, a.dc0_ld}};
+  for (auto [ptr, ld] : inputs) *ptr = advance(*ptr, n0 * ld, es);
+  for (auto [ptr, ld] : outputs) *ptr = advance(*ptr, n0 * ld, es);
   return v;
 }
 
@@ -199,48 +206,154 @@ void run_all(const Problem& p, const Dir* dirs) {
   });
 }
 
+template <class T>
+void broadcast_mask(const detail::ForwardArrays& a, int64_t N, int64_t DH, T* out) {
+  const T* src = static_cast<const T*>(a.mask);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < DH; ++j)
+      out[n * DH + j] = src[(a.mask_rows == 1 ? 0 : n) * a.mask_cols + (a.mask_cols == 1 ? 0 : j)];
+}
+
+// The mask broadcast to [N, D*H] (the contract's first step for a mask), or nothing.
+Tensor broadcast_mask(const Problem& p, const detail::ForwardArrays& a) {
+  if (!p.has_mask) return Tensor();
+  Tensor out = Tensor::empty({p.N, p.dh()}, p.dtype);
+  if (p.dtype == DType::Float32)
+    broadcast_mask(a, p.N, p.dh(), out.ptr<float>());
+  else
+    broadcast_mask(a, p.N, p.dh(), out.ptr<double>());
+  return out;
+}
+
+void project(const Problem& p, const void* source, const void* W, const void* bias, void* xp) {
+  if (p.dtype == DType::Float32)
+    project_impl(p, static_cast<const float*>(source), p.I, static_cast<const float*>(W),
+                 static_cast<const float*>(bias), static_cast<float*>(xp));
+  else
+    project_impl(p, static_cast<const double*>(source), p.I, static_cast<const double*>(W),
+                 static_cast<const double*>(bias), static_cast<double*>(xp));
+}
+
+void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
+                     void* dsource, void* dW, void* dbias) {
+  if (p.dtype == DType::Float32)
+    input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
+                         static_cast<const float*>(W), static_cast<float*>(dsource),
+                         static_cast<float*>(dW), static_cast<float*>(dbias));
+  else
+    input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
+                         static_cast<const double*>(W), static_cast<double*>(dsource),
+                         static_cast<double*>(dW), static_cast<double*>(dbias));
+}
+
+// Direction d's view of the layer's inputs: weights, initial state and cell, mask (already
+// broadcast), peephole, and the time flips.
+void direction_inputs(const Problem& p, const detail::ForwardArrays& in, const void* mask,
+                      int64_t d, DirectionInputs& a) {
+  const int64_t H = p.H, DH = p.dh(), es = dtype_size(p.dtype);
+  const auto off = [es](const void* base, int64_t elems) { return advance(base, elems, es); };
+  a.R = off(in.recurrent_weight, d * p.gh() * H);
+  a.h0 = off(in.init_state, d * H);
+  a.h0_ld = DH;
+  a.c0 = off(in.init_cell, d * H);
+  a.c0_ld = DH;
+  a.mask = off(mask, d * H);
+  a.mask_ld = DH;
+  a.peephole = off(in.peephole, d * 4 * H);
+  // Unidirectional reverse: read flipped, write in processing order. Backward half:
+  // read flipped, write flipped back to input time.
+  a.flip_in = d == 1 || p.reverse;
+  a.flip_out = d == 1;
+}
+
+// The contract's wrapper ("How every forward operation is built"): project + bias,
+// broadcast the mask, then per direction the core recurrence with its time flips, writing
+// straight into the concatenated outputs.
+void forward_op(const Problem& p, const detail::ForwardArrays& in) {
+  const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
+  const void* xp = in.source;
+  Tensor xbuf;
+  if (p.has_input_weight || p.has_bias) {
+    xbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    project(p, in.source, in.input_weight, in.bias, xbuf.data());
+    xp = xbuf.data();
+  }
+  Tensor mask = broadcast_mask(p, in);
+  const int64_t es = dtype_size(p.dtype);
+  const auto off = [es](auto base, int64_t elems) { return advance(base, elems, es); };
+  DirectionForward dirs[2];
+  for (int64_t d = 0; d < D; ++d) {
+    DirectionForward& a = dirs[d];
+    direction_inputs(p, in, mask.data(), d, a);
+    a.xp = off(xp, d * p.gh());
+    a.xp_ld = dgh;
+    a.b2 = p.reset_after ? off(in.secondary_bias, d * H) : nullptr;
+    a.y = off(in.state, d * H);
+    a.y_ld = DH;
+    a.c = off(in.cell, d * H);
+    a.c_ld = DH;
+    a.z = off(in.z_state, d * p.ZG * H);
+    a.z_ld = D * p.ZG * H;
+  }
+  if (!blas_path_forced())
+    fused_forward(p, dirs);
+  else
+    run_all(p, dirs);
+}
+
+// BPTT per direction into dX', then the input-side gradients from dX'.
+void backward_op(const Problem& p, const detail::BackwardArrays& in) {
+  const int64_t H = p.H, D = p.D, DH = p.dh(), GH = p.gh(), dgh = D * GH;
+  Tensor mask = broadcast_mask(p, in.fwd);
+  // dX' of every step; without an input weight it is the source gradient itself.
+  Tensor dxbuf;
+  void* dxp = in.dsource;
+  if (p.has_input_weight) {
+    dxbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    dxp = dxbuf.data();
+  }
+  const int64_t es = dtype_size(p.dtype);
+  const auto off = [es](auto base, int64_t elems) { return advance(base, elems, es); };
+  DirectionBackward dirs[2];
+  for (int64_t d = 0; d < D; ++d) {
+    DirectionBackward& a = dirs[d];
+    direction_inputs(p, in.fwd, mask.data(), d, a);
+    // A per-row array of this direction: its columns of [.., N, D*H], row stride D*H.
+    const auto rows = [&](auto base, int64_t& ld) {
+      ld = DH;
+      return off(base, d * H);
+    };
+    a.z = off(in.z_state, d * p.ZG * H);
+    a.z_ld = D * p.ZG * H;
+    a.h_fwd = rows(in.h_fwd, a.h_fwd_ld);
+    a.c_fwd = rows(in.c_fwd, a.c_fwd_ld);
+    a.dy = rows(in.dy, a.dy_ld);
+    a.dh_final = rows(in.dh_final, a.dh_final_ld);
+    a.dc_final = rows(in.dc_final, a.dc_final_ld);
+    a.dc_steps = rows(in.dc_steps, a.dc_steps_ld);
+    a.dxp = off(dxp, d * GH);
+    a.dxp_ld = dgh;
+    a.dR = off(in.dR, d * GH * H);
+    a.dP = off(in.dP, d * 4 * H);
+    a.db2 = p.reset_after ? off(in.db2, d * H) : nullptr;
+    a.dh0 = rows(in.dh0, a.dh0_ld);
+    a.dc0 = rows(in.dc0, a.dc0_ld);
+  }
+  if (p.dtype == DType::Float32)
+    backward_impl<float>(p, dirs);
+  else
+    backward_impl<double>(p, dirs);
+  input_gradients(p, dxp, in.fwd.source, in.fwd.input_weight,
+                  p.has_input_weight ? in.dsource : nullptr, in.dW, in.dbias);
+}
+
 class CpuBackend final : public detail::Backend {
  public:
   CpuBackend() { claim_blas_threads(); }
   const char* name() const override { return "cpu"; }
-
   Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
-
-  void project(const Problem& p, const void* source, int64_t K, const void* W, const void* bias,
-               void* xp) override {
-    if (p.dtype == DType::Float32)
-      project_impl(p, static_cast<const float*>(source), K, static_cast<const float*>(W),
-                   static_cast<const float*>(bias), static_cast<float*>(xp));
-    else
-      project_impl(p, static_cast<const double*>(source), K, static_cast<const double*>(W),
-                   static_cast<const double*>(bias), static_cast<double*>(xp));
-  }
-
-  void forward(const Problem& p, const DirectionForward* dirs) override {
-    if (!blas_path_forced())
-      fused_forward(p, dirs);
-    else
-      run_all(p, dirs);
-  }
-
-  void backward(const Problem& p, const DirectionBackward* dirs) override {
-    if (p.dtype == DType::Float32)
-      backward_impl<float>(p, dirs);
-    else
-      backward_impl<double>(p, dirs);
-  }
-
-  void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
-                       void* dsource, void* dW, void* dbias) override {
-    if (p.dtype == DType::Float32)
-      input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
-                           static_cast<const float*>(W), static_cast<float*>(dsource),
-                           static_cast<float*>(dW), static_cast<float*>(dbias));
-    else
-      input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
-                           static_cast<const double*>(W), static_cast<double*>(dsource),
-                           static_cast<double*>(dW), static_cast<double*>(dbias));
-  }
+  void forward(const Problem& p, const detail::ForwardArrays& a) override { forward_op(p, a); }
+  void backward(const Problem& p, const detail::BackwardArrays& a) override { backward_op(p, a); }
 };
 
 }  // namespace

@@ -90,21 +90,18 @@ void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
 
 }  // namespace
 
-template <>
-void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
   gemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-template <>
-void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
-                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) return scale(M, N, beta, C, ldc);
-  gemm_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                           const double*, int64_t, double, double*, int64_t);
 
 GemmSplit gemm_split(int64_t M, int64_t N, int64_t K) {
   // About 2^22 multiply-adds a part or more (a BLAS call and a claim cost a few us), parts

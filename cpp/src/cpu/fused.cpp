@@ -48,7 +48,7 @@ const FusedKernels& fused_kernels() {
 }
 
 template <class T>
-void fused_forward_impl(const detail::Problem& p, const detail::DirectionForward* dirs) {
+void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) {
   const FusedOps<T>& k = fused_kernels().ops<T>();
   ThreadPool& pool = ThreadPool::instance();
   const int64_t nb = (p.H + k.width - 1) / k.width;
@@ -106,7 +106,7 @@ void fused_forward_impl(const detail::Problem& p, const detail::DirectionForward
   job.run(pool);
 }
 
-void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs) {
+void fused_forward(const detail::Problem& p, const DirectionForward* dirs) {
   if (p.dtype == DType::Float32)
     fused_forward_impl<float>(p, dirs);
   else

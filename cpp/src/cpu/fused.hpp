@@ -5,7 +5,8 @@
 
 #include <cstdint>
 
-#include "core/backend.hpp"
+#include "core/problem.hpp"
+#include "cpu/directions.hpp"
 
 namespace rnncore::cpu {
 
@@ -22,10 +23,9 @@ struct FusedOps {
   // [b0, b1) of R into the direction's workspace `ws` and sets up their units; step() runs
   // phase `phase` (of phases(p)) of step s for them, with `blk` (block(p) elements) as
   // scratch. A phase may start once that before it is done for every panel.
-  void (*pack)(const detail::Problem& p, const detail::DirectionForward& a, T* ws, int64_t b0,
-               int64_t b1);
-  void (*step)(const detail::Problem& p, const detail::DirectionForward& a, T* ws, int64_t s,
-               int phase, int64_t b0, int64_t b1, T* blk);
+  void (*pack)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t b0, int64_t b1);
+  void (*step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s, int phase,
+               int64_t b0, int64_t b1, T* blk);
   int (*phases)(const detail::Problem& p);
   int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
@@ -62,6 +62,6 @@ int64_t packed_columns_size(int64_t K, int64_t n) {
 }
 
 // Runs the forward recurrence of every direction on the pool.
-void fused_forward(const detail::Problem& p, const detail::DirectionForward* dirs);
+void fused_forward(const detail::Problem& p, const DirectionForward* dirs);
 
 }  // namespace rnncore::cpu

@@ -1,5 +1,5 @@
 // The fused forward recurrences, written once for a scalar type and a vector width W and
-// compiled once per instruction set (fused_avx512.cpp, fused_avx2.cpp, fused_generic.cpp).
+// compiled once per instruction set (fused_isa.cpp, built per ISA by CMakeLists.txt).
 //
 // Per step and direction the work is acc[N, G*H] = h̃[N, H] R^T plus the gate math. R is
 // packed once per call into panels of W hidden units: panel b holds, for every k, the G
@@ -38,7 +38,7 @@ struct Fused {  // S: the scalar type
   }
 
   using Problem = detail::Problem;
-  using Dir = detail::DirectionForward;
+  using Dir = DirectionForward;
   static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
@@ -106,25 +106,9 @@ struct Fused {  // S: the scalar type
 
   // v[0:W] = f(v[0:W]) in place.
   static void act(Activation a, S* v) {
-    switch (a) {
-      case Activation::None: break;
-      case Activation::Relu:
-        // NaN fails both tests and passes through (NaN in, NaN out).
-        for (int w = 0; w < W; ++w) v[w] = v[w] > S(0) ? v[w] : (v[w] <= S(0) ? S(0) : v[w]);
-        break;
-      case Activation::Tanh:
-        for (int w = 0; w < W; ++w) v[w] = vmath::tanh(v[w]);
-        break;
-      case Activation::Sigmoid:
-        for (int w = 0; w < W; ++w) v[w] = vmath::sigmoid(v[w]);
-        break;
-      case Activation::HardSigmoid:
-        for (int w = 0; w < W; ++w) {
-          const S h = S(0.2) * v[w] + S(0.5);
-          v[w] = h < S(0) ? S(0) : (h > S(1) ? S(1) : h);
-        }
-        break;
-    }
+    with_activation<S>(a, [v](auto F) {
+      for (int w = 0; w < W; ++w) v[w] = F.value(v[w]);
+    });
   }
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
@@ -216,6 +200,20 @@ struct Fused {  // S: the scalar type
   static int64_t time_in(const Dir& a, int64_t s, int64_t T) { return a.flip_in ? T - 1 - s : s; }
   static int64_t time_out(const Dir& a, int64_t s, int64_t T) { return a.flip_out ? T - 1 - s : s; }
 
+  // Step s's rows of x' (at input time), of the state output and of the training state (at
+  // output time; null without one).
+  struct StepRows {
+    const S* x;
+    S* y;
+    S* z;
+  };
+  static StepRows step_rows(const Problem& p, const Dir& a, int64_t s) {
+    const int64_t tout = time_out(a, s, p.T);
+    return {static_cast<const S*>(a.xp) + time_in(a, s, p.T) * p.N * a.xp_ld,
+            static_cast<S*>(a.y) + tout * p.N * a.y_ld,
+            a.z ? static_cast<S*>(a.z) + tout * p.N * a.z_ld : nullptr};
+  }
+
   // Packs the recurrent weight's panels [b0, b1) (the rows of every gate for their units)
   // and sets up their units for step 0. The reset-before GRU packs the z and r rows first,
   // then the candidate rows, as two sets of panels.
@@ -268,11 +266,9 @@ struct Fused {  // S: the scalar type
   static void rnn(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                   int64_t b1, S* blk) {
     constexpr int G = 1;
-    const int64_t T = p.T, N = p.N, H = p.H;
+    const int64_t N = p.N, H = p.H;
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-    S* y = static_cast<S*>(a.y) + time_out(a, s, T) * N * a.y_ld;
-    S* z = a.z ? static_cast<S*>(a.z) + time_out(a, s, T) * N * a.z_ld : nullptr;
+    const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
@@ -301,16 +297,13 @@ struct Fused {  // S: the scalar type
   static void lstm(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                    int64_t b1, S* blk) {
     constexpr int G = 4;
-    const int64_t T = p.T, N = p.N, H = p.H;
+    const int64_t N = p.N, H = p.H;
     const S* P = static_cast<const S*>(a.peephole);
     const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const int64_t tout = time_out(a, s, T);
-    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
@@ -357,15 +350,12 @@ struct Fused {  // S: the scalar type
   static void gru_after(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                         int64_t b1, S* blk) {
     constexpr int G = 3;
-    const int64_t T = p.T, N = p.N, H = p.H;
+    const int64_t N = p.N, H = p.H;
     const S* b2 = static_cast<const S*>(a.b2);
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const int64_t tout = time_out(a, s, T);
-    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
@@ -398,16 +388,14 @@ struct Fused {  // S: the scalar type
   // left operand) into extra[1], z into extra[0].
   static void gru_before_zr(const Problem& p, const Dir& a, const Buffers& bf, int64_t s,
                             int64_t b0, int64_t b1, S* blk) {
-    const int64_t T = p.T, N = p.N, H = p.H;
+    const int64_t N = p.N, H = p.H;
     const S* pzr = bf.panels;
     S* zbuf = bf.extra[0];
     S* ubuf = bf.extra[1];
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const int64_t tout = time_out(a, s, T);
-    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk);
@@ -432,16 +420,13 @@ struct Fused {  // S: the scalar type
   // Reset-before, phase 1: the candidate from u of every unit, and the blend.
   static void gru_before_o(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                            int64_t b1, S* blk) {
-    const int64_t T = p.T, N = p.N, H = p.H, nb = (H + W - 1) / W;
+    const int64_t N = p.N, H = p.H, nb = (H + W - 1) / W;
     const S* po = bf.panels + nb * H * 2 * W;
     const S* zbuf = bf.extra[0];
     const S* ubuf = bf.extra[1];
     const Activation act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s);
-    const int64_t tout = time_out(a, s, T);
-    const S* x = static_cast<const S*>(a.xp) + time_in(a, s, T) * N * a.xp_ld;
-    S* y = static_cast<S*>(a.y) + tout * N * a.y_ld;
-    S* z = a.z ? static_cast<S*>(a.z) + tout * N * a.z_ld : nullptr;
+    const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<1>(ubuf, H, N, H, po + b * H * W, blk);

@@ -1,5 +1,7 @@
-// GRU on the CPU (contract: "GRU"). Reset-before needs the reset gate before the
-// candidate's recurrent product, so it takes two GEMMs per step; reset-after takes one.
+// GRU on the CPU (contract: "GRU"): back-propagation through time, and the forward of the
+// BLAS path (RNNCORE_CPU_PATH=blas; the default forward is fused_kernels.hpp's).
+// Reset-before needs the reset gate before the candidate's recurrent product, so it takes
+// two products per step; reset-after takes one.
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 
@@ -71,13 +73,6 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
     }
   }
 }
-
-template void gru_forward<float>(const Problem&, const DirectionForward&);
-template void gru_forward<double>(const Problem&, const DirectionForward&);
-
-}  // namespace rnncore::cpu
-
-namespace rnncore::cpu {
 
 // BPTT per the contract. Reset-before needs δu = δa_o R_o before δr, so it takes two
 // GEMMs per step; reset-after folds δq into the one product with R.
@@ -203,13 +198,7 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
   }
 }
 
-template void gru_backward<float>(const Problem&, const DirectionBackward&,
-                                  const BackwardSlice<float>&);
-template void gru_backward<double>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<double>&);
-template void gru_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
-                                         const float*);
-template void gru_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
-                                          const double*);
+RNNCORE_INSTANTIATE_CELL(gru, float)
+RNNCORE_INSTANTIATE_CELL(gru, double)
 
 }  // namespace rnncore::cpu

@@ -1,4 +1,6 @@
-// LSTM on the CPU (contract: "LSTM"): per step one recurrent GEMM and one fused pass.
+// LSTM on the CPU (contract: "LSTM"): back-propagation through time, and the forward of the
+// BLAS path (RNNCORE_CPU_PATH=blas; the default forward is fused_kernels.hpp's). Per step
+// one recurrent product and one pass over the gates.
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 
@@ -51,13 +53,6 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
-template void lstm_forward<float>(const Problem&, const DirectionForward&);
-template void lstm_forward<double>(const Problem&, const DirectionForward&);
-
-}  // namespace rnncore::cpu
-
-namespace rnncore::cpu {
-
 // BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step, rebuilt from
 // z_state and the cell output; dR and the per-step dX' products are GEMMs.
 template <class T>
@@ -68,14 +63,12 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
   T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
-  T* hm_all = sl.hm_all;
   T* g = ws.take(G4);   // activated gates of one row
   T* dg = ws.take(G4);  // their derivatives
   T* phi = ws.take(H);
   T* dphi = ws.take(H);
   T* tmp = ws.take(H);
   T* dP = sl.dP;
-  const T* R = static_cast<const T*>(a.R);
   const T* P = static_cast<const T*>(a.peephole);
   const int64_t oi = p.lstm_i * H, of = p.lstm_f * H, oz = p.lstm_z * H, oo = p.lstm_o * H;
   if (a.dc_final)  // the final-cell form seeds the cell gradient of the last step
@@ -120,7 +113,6 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
           }
     }
     // h[t-1] = o ⊙ φ(c) of the previous step, or the initial state.
-    Rows<const T> hp{zeros, H};
     if (s > 0) {
       const int64_t tp = step_time(s - 1, T_, a.flip_out);
       const T* zp = static_cast<const T*>(a.z) + tp * TS * a.z_ld;
@@ -130,13 +122,8 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
         activate(p.cell_act, cpv.row(n), phi, H);
         for (int64_t j = 0; j < H; ++j) hprev[n * H + j] = tmp[j] * phi[j];
       }
-      hp = {hprev, H};
-    } else if (a.h0) {
-      hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
-    store_masked(a, hp, N, H, hm_all + tin * TS * H);
-    step_product<T>(dx, a.dxp_ld, N, G4, R, sl.packed_R, H, dh_next, H, false);
-    apply_mask(a, dh_next, N, H);
+    end_step(p, a, sl, s, hprev, zeros, dx, G4, dh_next);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
   copy_rows(dc_next, N, H, a.dc0, a.dc0_ld);
@@ -148,13 +135,7 @@ void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T*
                    a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
-template void lstm_backward<float>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<float>&);
-template void lstm_backward<double>(const Problem&, const DirectionBackward&,
-                                    const BackwardSlice<double>&);
-template void lstm_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
-                                          const float*);
-template void lstm_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
-                                           const double*);
+RNNCORE_INSTANTIATE_CELL(lstm, float)
+RNNCORE_INSTANTIATE_CELL(lstm, double)
 
 }  // namespace rnncore::cpu

@@ -7,15 +7,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "core/problem.hpp"
 #include "cpu/blas.hpp"
+#include "cpu/directions.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
 
-using detail::DirectionBackward;
-using detail::DirectionForward;
 using detail::Problem;
 
 // Time index of processing step s in the input (in) or the outputs (out).
@@ -168,6 +167,25 @@ void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, con
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 
+// The end of backward step s of the single-gate RNN and the LSTM: h̃ (the state entering
+// the step, masked: `hprev` as the cell rebuilt it after step 0, else the initial state or
+// zeros) kept for dR at input time, and dh of the step before = (dX'_s R) ⊙ mask, with
+// dX'_s [rows, K].
+template <class T>
+void end_step(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl, int64_t s,
+              const T* hprev, const T* zeros, const T* dx, int64_t K, T* dh_next) {
+  const int64_t N = sl.rows, H = p.H, tin = step_time(s, p.T, a.flip_in);
+  Rows<const T> hp{zeros, H};
+  if (s > 0)
+    hp = {hprev, H};
+  else if (a.h0)
+    hp = {static_cast<const T*>(a.h0), a.h0_ld};
+  store_masked(a, hp, N, H, sl.hm_all + tin * p.N * H);
+  step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, H, dh_next, H,
+                  false);
+  apply_mask(a, dh_next, N, H);
+}
+
 template <class T>
 void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl);
 template <class T>
@@ -184,5 +202,13 @@ void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T*
 template <class T>
 void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all,
                          const T* side);
+
+// The entry points of one cell file (rnn.cpp, lstm.cpp, gru.cpp), instantiated there for T.
+#define RNNCORE_INSTANTIATE_CELL(cell, T)                                                     \
+  template void cell##_forward<T>(const Problem&, const DirectionForward&);                   \
+  template void cell##_backward<T>(const Problem&, const DirectionBackward&,                  \
+                                   const BackwardSlice<T>&);                                  \
+  template void cell##_backward_reduce<T>(const Problem&, const DirectionBackward&, const T*, \
+                                          const T*);
 
 }  // namespace rnncore::cpu

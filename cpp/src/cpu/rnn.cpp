@@ -1,4 +1,6 @@
-// Single-gate RNN on the CPU (contract: "Single-gate RNN").
+// Single-gate RNN on the CPU (contract: "Single-gate RNN"): back-propagation through time,
+// and the forward of the BLAS path (RNNCORE_CPU_PATH=blas; the default forward is
+// fused_kernels.hpp's).
 #include "cpu/activations.hpp"
 #include "cpu/recurrence.hpp"
 
@@ -28,13 +30,6 @@ void rnn_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
-template void rnn_forward<float>(const Problem&, const DirectionForward&);
-template void rnn_forward<double>(const Problem&, const DirectionForward&);
-
-}  // namespace rnncore::cpu
-
-namespace rnncore::cpu {
-
 // BPTT per the contract; dR comes from one GEMM over all steps after the loop.
 template <class T>
 void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
@@ -43,10 +38,8 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
   T* zeros = ws.take(N * H);
   T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
-  T* hm_all = sl.hm_all;  // h[t-1] ⊙ m at input time, for dR
   T* f = ws.take(H);
   T* df = ws.take(H);
-  const T* R = static_cast<const T*>(a.R);
   const Activation act = p.gate_act[0];
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
@@ -66,17 +59,11 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       }
     }
     // h[t-1]: the initial state, or the activation of the previous step's z.
-    Rows<const T> hp{zeros, H};
     if (s > 0) {
       const T* zp = static_cast<const T*>(a.z) + step_time(s - 1, T_, a.flip_out) * TS * a.z_ld;
       for (int64_t n = 0; n < N; ++n) activate(act, zp + n * a.z_ld, hprev + n * H, H);
-      hp = {hprev, H};
-    } else if (a.h0) {
-      hp = {static_cast<const T*>(a.h0), a.h0_ld};
     }
-    store_masked(a, hp, N, H, hm_all + tin * TS * H);
-    step_product<T>(dx, a.dxp_ld, N, H, R, sl.packed_R, H, dh_next, H, false);
-    apply_mask(a, dh_next, N, H);
+    end_step(p, a, sl, s, hprev, zeros, dx, H, dh_next);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
 }
@@ -87,13 +74,7 @@ void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
                    hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
 }
 
-template void rnn_backward<float>(const Problem&, const DirectionBackward&,
-                                  const BackwardSlice<float>&);
-template void rnn_backward<double>(const Problem&, const DirectionBackward&,
-                                   const BackwardSlice<double>&);
-template void rnn_backward_reduce<float>(const Problem&, const DirectionBackward&, const float*,
-                                         const float*);
-template void rnn_backward_reduce<double>(const Problem&, const DirectionBackward&, const double*,
-                                          const double*);
+RNNCORE_INSTANTIATE_CELL(rnn, float)
+RNNCORE_INSTANTIATE_CELL(rnn, double)
 
 }  // namespace rnncore::cpu

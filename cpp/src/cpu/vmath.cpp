@@ -1,5 +1,7 @@
 #include "cpu/vmath.hpp"
 
+#include "cpu/activations.hpp"
+
 // One binary for every x86-64: GCC clones the loops for AVX2+FMA and AVX-512 and picks
 // one when the library loads. Elsewhere the baseline ISA (NEON on arm64) is used.
 // The clones name ISA levels, whose resolver tests CPU features: an "arch=<cpu>" clone is
@@ -19,53 +21,44 @@
 #endif
 
 namespace rnncore::cpu::vmath {
+namespace {
 
-RNNCORE_CLONES void sigmoid(const float* x, float* y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] = sigmoid(x[j]);
+// y = F(x) and, for the gradient forms, dy = F'(x): inlined into each clone below, where the
+// compiler vectorises them for its instruction set.
+template <template <class> class F, class T>
+RNNCORE_VMATH_INLINE void values(const T* x, T* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = F<T>::value(x[j]);
 }
 
-RNNCORE_CLONES void tanh(const float* x, float* y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] = tanh(x[j]);
+template <template <class> class F, class T>
+RNNCORE_VMATH_INLINE void values_and_slopes(const T* x, T* y, T* dy, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T v = F<T>::value(x[j]);
+    y[j] = v;
+    dy[j] = F<T>::slope(x[j], v);
+  }
 }
+
+}  // namespace
+
+RNNCORE_CLONES void sigmoid(const float* x, float* y, int64_t n) { values<act::Sigmoid>(x, y, n); }
+RNNCORE_CLONES void tanh(const float* x, float* y, int64_t n) { values<act::Tanh>(x, y, n); }
+RNNCORE_CLONES void sigmoid(const double* x, double* y, int64_t n) {
+  values<act::Sigmoid>(x, y, n);
+}
+RNNCORE_CLONES void tanh(const double* x, double* y, int64_t n) { values<act::Tanh>(x, y, n); }
 
 RNNCORE_CLONES void sigmoid_grad(const float* x, float* y, float* dy, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float s = sigmoid(x[j]);
-    y[j] = s;
-    dy[j] = s * (1.0f - s);
-  }
+  values_and_slopes<act::Sigmoid>(x, y, dy, n);
 }
-
 RNNCORE_CLONES void tanh_grad(const float* x, float* y, float* dy, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float t = tanh(x[j]);
-    y[j] = t;
-    dy[j] = 1.0f - t * t;
-  }
+  values_and_slopes<act::Tanh>(x, y, dy, n);
 }
-
-RNNCORE_CLONES void sigmoid(const double* x, double* y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] = sigmoid(x[j]);
-}
-
-RNNCORE_CLONES void tanh(const double* x, double* y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] = tanh(x[j]);
-}
-
 RNNCORE_CLONES void sigmoid_grad(const double* x, double* y, double* dy, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const double s = sigmoid(x[j]);
-    y[j] = s;
-    dy[j] = s * (1.0 - s);
-  }
+  values_and_slopes<act::Sigmoid>(x, y, dy, n);
 }
-
 RNNCORE_CLONES void tanh_grad(const double* x, double* y, double* dy, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const double t = tanh(x[j]);
-    y[j] = t;
-    dy[j] = 1.0 - t * t;
-  }
+  values_and_slopes<act::Tanh>(x, y, dy, n);
 }
 
 }  // namespace rnncore::cpu::vmath

@@ -1,6 +1,6 @@
-// Vectorisable float32 exp, sigmoid and tanh, accurate to a few ulp for every finite input
-// (the contract asks for that, and no NaN at +-100); NaN gives NaN and +-inf the limits,
-// by defined arithmetic. Written branch-free so that the compiler vectorises the array
+// Vectorisable float32 and float64 exp, sigmoid and tanh, accurate to a few ulp for every
+// finite input (the contract asks for that, and no NaN at +-100); NaN gives NaN and +-inf the
+// limits, by defined arithmetic. Written branch-free so that the compiler vectorises the array
 // loops in vmath.cpp; no -ffast-math anywhere.
 #pragma once
 
@@ -17,125 +17,118 @@
 
 namespace rnncore::cpu::vmath {
 
-// e^x for x <= 0 down to the float underflow: Cody-Waite reduction x = n ln2 + r,
-// |r| <= ln2/2, degree-7 Taylor for e^r (truncation < 0.1 ulp), then 2^n applied in two
-// halves so that results in the subnormal range are still right.
-RNNCORE_VMATH_INLINE float exp_nonpositive(float x) {
-  x = x < -104.0f ? -104.0f : x;  // NaN stays NaN
-  // Round to nearest by adding and subtracting 1.5 * 2^23 (no libm call, vectorises).
-  const float t = x * 1.44269504088896341f + 12582912.0f;
-  const float n = t - 12582912.0f;
-  float r = x - n * 0.693145751953125f;  // ln2 split: hi has 16 bits, n * hi is exact
-  r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  // n as an integer from the bits of t = 1.5 * 2^23 + n (one binade: the low bits count
-  // n), not by converting n, which is undefined for NaN. Every step below is defined for
-  // any bits t may hold; for NaN the scale is garbage and p, hence the result, is NaN.
-  uint32_t tb;
-  std::memcpy(&tb, &t, 4);
-  const uint32_t nb = tb - 0x4B400000u;
-  int32_t ni;
-  std::memcpy(&ni, &nb, 4);
-  const int32_t n1 = ni / 2, n2 = ni - n1;  // |n1|, |n2| <= 2^30: no overflow below
-  const uint32_t b1 = static_cast<uint32_t>(n1 + 127) << 23;
-  const uint32_t b2 = static_cast<uint32_t>(n2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, 4);
-  std::memcpy(&s2, &b2, 4);
+// c0 x^n + c1 x^(n-1) + ... + cn by Horner's rule: p = c0, then p = p * x + c for each c.
+template <class F, class... C>
+RNNCORE_VMATH_INLINE F horner(F x, F c0, C... c) {
+  F p = c0;
+  ((p = p * x + c), ...);
+  return p;
+}
+
+// What differs between float32 and float64: the bit layout, the constants and the
+// polynomials. float32: degree-7 Taylor for e^r (truncation < 0.1 ulp), an odd minimax
+// polynomial for tanh below 0.55 (0.83 ulp). float64: degree-13 Taylor (< 0.01 ulp), the
+// fdlibm split of ln 2, and a degree-9 minimax polynomial in x^2 for tanh below 0.55
+// (<= 1 ulp, fitted against 40-digit tanh).
+template <class F>
+struct Binary;
+template <>
+struct Binary<float> {
+  using U = uint32_t;
+  using I = int32_t;
+  static constexpr int kMantissa = 23, kBias = 127;
+  static constexpr U kRoundBits = 0x4B400000u;  // the bits of kRound
+  static constexpr float kExpMin = -104.0f;     // e^x underflows below
+  static constexpr float kLog2e = 1.44269504088896341f, kRound = 12582912.0f;  // 1.5 * 2^23
+  // ln2 split: hi has 16 bits, n * hi is exact.
+  static constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723212e-6f;
+  static constexpr float kTanhSmall = 0.55f;
+  static RNNCORE_VMATH_INLINE float exp_taylor(float r) {
+    return horner(r, 1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f,
+                  1.0f, 1.0f);
+  }
+  static RNNCORE_VMATH_INLINE float tanh_poly(float u) {
+    return horner(u, -9.174790319e-04f, 3.356197387e-03f, -8.807121391e-03f, 2.186202857e-02f,
+                  -5.396772056e-02f, 1.333333153e-01f, -3.333333331e-01f);
+  }
+};
+template <>
+struct Binary<double> {
+  using U = uint64_t;
+  using I = int64_t;
+  static constexpr int kMantissa = 52, kBias = 1023;
+  static constexpr U kRoundBits = 0x4338000000000000u;
+  static constexpr double kExpMin = -746.0;
+  static constexpr double kLog2e = 1.4426950408889634, kRound = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01;
+  static constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr double kTanhSmall = 0.55;
+  static RNNCORE_VMATH_INLINE double exp_taylor(double r) {
+    return horner(r, 1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                  1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                  1.0 / 6.0, 0.5, 1.0, 1.0);
+  }
+  static RNNCORE_VMATH_INLINE double tanh_poly(double u) {
+    return horner(u, 5.1147816968764899e-05, -0.00021050203561424953, 0.00057927128210207598,
+                  -0.0014532668453533541, 0.0035917310151032094, -0.00886319609069499,
+                  0.021869486110475081, -0.053968253882736641, 0.13333333333185071,
+                  -0.33333333333332477);
+  }
+};
+
+// p * 2^n, for t = 1.5 * 2^mantissa + n as exp_nonpositive rounds it. n is taken as an
+// integer from the bits of t (one binade: the low bits count n), not by converting n,
+// which is undefined for NaN. Every step is defined for any bits t may hold; for NaN the
+// scale is garbage and p, hence the result, is NaN. 2^n is applied in two halves so that
+// results in the subnormal range are still right.
+template <class F>
+RNNCORE_VMATH_INLINE F times_pow2(F p, F t) {
+  using B = Binary<F>;
+  typename B::U tb;
+  std::memcpy(&tb, &t, sizeof(F));
+  const typename B::U nb = tb - B::kRoundBits;
+  typename B::I ni;
+  std::memcpy(&ni, &nb, sizeof(F));
+  const typename B::I n1 = ni / 2, n2 = ni - n1;  // far from overflow below
+  const typename B::U b1 = static_cast<typename B::U>(n1 + B::kBias) << B::kMantissa;
+  const typename B::U b2 = static_cast<typename B::U>(n2 + B::kBias) << B::kMantissa;
+  F s1, s2;
+  std::memcpy(&s1, &b1, sizeof(F));
+  std::memcpy(&s2, &b2, sizeof(F));
   return p * s1 * s2;
 }
 
-RNNCORE_VMATH_INLINE float sigmoid(float x) {
-  const float e = exp_nonpositive(x < 0.0f ? x : -x);  // e^-|x|
-  const float s = 1.0f / (1.0f + e);
-  return x >= 0.0f ? s : e * s;
+// e^x for x <= 0 down to the underflow: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2,
+// a Taylor polynomial for e^r, then 2^n.
+template <class F>
+RNNCORE_VMATH_INLINE F exp_nonpositive(F x) {
+  using B = Binary<F>;
+  x = x < B::kExpMin ? B::kExpMin : x;  // NaN stays NaN
+  // Round to nearest by adding and subtracting 1.5 * 2^mantissa (no libm call, vectorises).
+  const F t = x * B::kLog2e + B::kRound;
+  const F n = t - B::kRound;
+  F r = x - n * B::kLn2Hi;
+  r = r - n * B::kLn2Lo;
+  return times_pow2(B::exp_taylor(r), t);
 }
 
-// |x| < 0.55: odd minimax polynomial (0.83 ulp); else (1 - e) / (1 + e) with e = e^-2|x|,
-// which has no cancellation there.
-RNNCORE_VMATH_INLINE float tanh(float x) {
-  const float a = x < 0.0f ? -x : x;
-  const float u = x * x;
-  float p = -9.174790319e-04f;
-  p = p * u + 3.356197387e-03f;
-  p = p * u - 8.807121391e-03f;
-  p = p * u + 2.186202857e-02f;
-  p = p * u - 5.396772056e-02f;
-  p = p * u + 1.333333153e-01f;
-  p = p * u - 3.333333331e-01f;
-  const float small = a + a * u * p;
-  const float e = exp_nonpositive(-2.0f * a);
-  const float big = (1.0f - e) / (1.0f + e);
-  return std::copysign(a < 0.55f ? small : big, x);  // odd: tanh(-0) = -0
+// |x| < 0.55: odd minimax polynomial; else (1 - e) / (1 + e) with e = e^-2|x|, which has
+// no cancellation there.
+template <class F>
+RNNCORE_VMATH_INLINE F tanh(F x) {
+  const F a = x < F(0) ? -x : x;
+  const F u = x * x;
+  const F small = a + a * u * Binary<F>::tanh_poly(u);
+  const F e = exp_nonpositive(F(-2) * a);
+  const F big = (F(1) - e) / (F(1) + e);
+  return std::copysign(a < Binary<F>::kTanhSmall ? small : big, x);  // odd: tanh(-0) = -0
 }
 
-// float64: the same scheme with a degree-13 Taylor polynomial for e^r (truncation
-// < 0.01 ulp), the fdlibm split of ln 2, and a degree-9 minimax polynomial in x^2 for tanh
-// below 0.55 (<= 1 ulp, fitted against 40-digit tanh).
-RNNCORE_VMATH_INLINE double exp_nonpositive(double x) {
-  x = x < -746.0 ? -746.0 : x;
-  const double t = x * 1.4426950408889634 + 6755399441055744.0;
-  const double n = t - 6755399441055744.0;
-  double r = x - n * 6.93147180369123816490e-01;
-  r = r - n * 1.90821492927058770002e-10;
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  uint64_t tb;
-  std::memcpy(&tb, &t, 8);
-  const uint64_t nb = tb - 0x4338000000000000u;
-  int64_t ni;
-  std::memcpy(&ni, &nb, 8);
-  const int64_t n1 = ni / 2, n2 = ni - n1;
-  const uint64_t b1 = static_cast<uint64_t>(n1 + 1023) << 52;
-  const uint64_t b2 = static_cast<uint64_t>(n2 + 1023) << 52;
-  double s1, s2;
-  std::memcpy(&s1, &b1, 8);
-  std::memcpy(&s2, &b2, 8);
-  return p * s1 * s2;
-}
-
-RNNCORE_VMATH_INLINE double sigmoid(double x) {
-  const double e = exp_nonpositive(x < 0.0 ? x : -x);
-  const double s = 1.0 / (1.0 + e);
-  return x >= 0.0 ? s : e * s;
-}
-
-RNNCORE_VMATH_INLINE double tanh(double x) {
-  const double a = x < 0.0 ? -x : x;
-  const double u = x * x;
-  double p = 5.1147816968764899e-05;
-  p = p * u - 0.00021050203561424953;
-  p = p * u + 0.00057927128210207598;
-  p = p * u - 0.0014532668453533541;
-  p = p * u + 0.0035917310151032094;
-  p = p * u - 0.00886319609069499;
-  p = p * u + 0.021869486110475081;
-  p = p * u - 0.053968253882736641;
-  p = p * u + 0.13333333333185071;
-  p = p * u - 0.33333333333332477;
-  const double small = a + a * u * p;
-  const double e = exp_nonpositive(-2.0 * a);
-  const double big = (1.0 - e) / (1.0 + e);
-  return std::copysign(a < 0.55 ? small : big, x);
+template <class F>
+RNNCORE_VMATH_INLINE F sigmoid(F x) {
+  const F e = exp_nonpositive(x < F(0) ? x : -x);  // e^-|x|
+  const F s = F(1) / (F(1) + e);
+  return x >= F(0) ? s : e * s;
 }
 
 // Array forms (vmath.cpp), compiled for several x86 levels and picked at load time.

@@ -1,9 +1,12 @@
-// The Metal backend (see backend.hpp): float32; every op is one plan, run as one submission.
+// The Metal backend (see backend.hpp): float32 and float16; every op, forward or gradients,
+// is one plan, run as one submission.
 #include "metal/backend.hpp"
 
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "rnncore/error.hpp"
 
@@ -18,25 +21,20 @@ class MetalBackend final : public detail::Backend {
   const char* name() const override { return executor_.name(); }
   const char* dtypes() const override { return "float32 and float16"; }
   bool computes(DType d) const override { return d == DType::Float32 || d == DType::Float16; }
-  bool runs_whole_ops() const override { return true; }
   void admit(const Problem& p, bool gradients) const override { check_extents(p, gradients); }
 
   Tensor allocate(const Shape& shape, DType dtype) override {
     return executor_.allocate(shape, dtype);
   }
 
-  bool forward_whole(const Problem& p, const detail::ForwardArrays& a) override {
+  void forward(const Problem& p, const detail::ForwardArrays& a) override {
     const Plan plan = plan_forward(p, MaskShape{a.mask_rows, a.mask_cols});
-    HostArrays arrays = inputs(a);
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::State, a.state);
-    put(Buffer::Cell, a.cell);
-    put(Buffer::ZState, a.z_state);
-    executor_.run(plan, arrays);
-    return true;
+    executor_.run(plan, with(inputs(a), {{Buffer::State, a.state},
+                                         {Buffer::Cell, a.cell},
+                                         {Buffer::ZState, a.z_state}}));
   }
 
-  bool backward_whole(const Problem& p, const detail::BackwardArrays& a) override {
+  void backward(const Problem& p, const detail::BackwardArrays& a) override {
     GradientShape gs;
     gs.mask = MaskShape{a.fwd.mask_rows, a.fwd.mask_cols};
     gs.dh_final = a.dh_final != nullptr;
@@ -44,57 +42,44 @@ class MetalBackend final : public detail::Backend {
     gs.dc_steps = a.dc_steps != nullptr;
     gs.want_db2 = a.db2 != nullptr;
     const Plan plan = plan_gradients(p, gs);
-    HostArrays arrays = inputs(a.fwd);
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::ZState, a.z_state);
-    put(Buffer::StateFwd, a.h_fwd);
-    put(Buffer::CellFwd, a.c_fwd);
-    put(Buffer::SourceGradient, a.dy);
-    put(Buffer::StateGradient, a.dh_final);
-    put(Buffer::CellGradient, a.dc_final ? a.dc_final : a.dc_steps);
-    put(Buffer::DSource, a.dsource);
-    put(Buffer::DRecurrentWeight, a.dR);
-    put(Buffer::DInputWeight, a.dW);
-    put(Buffer::DBias, a.dbias);
-    put(Buffer::DInitState, a.dh0);
-    put(Buffer::DInitCell, a.dc0);
-    put(Buffer::DPeephole, a.dP);
-    put(Buffer::DSecondaryBias, a.db2);
-    executor_.run(plan, arrays);
-    return true;
-  }
-
-  // The whole-op paths above replace the step-by-step interface.
-  void project(const Problem&, const void*, int64_t, const void*, const void*, void*) override {
-    unreachable();
-  }
-  void forward(const Problem&, const detail::DirectionForward*) override { unreachable(); }
-  void backward(const Problem&, const detail::DirectionBackward*) override { unreachable(); }
-  void input_gradients(const Problem&, const void*, const void*, const void*, void*, void*,
-                       void*) override {
-    unreachable();
+    const void* cell_gradient = a.dc_final ? a.dc_final : a.dc_steps;
+    executor_.run(plan, with(inputs(a.fwd), {{Buffer::ZState, a.z_state},
+                                             {Buffer::StateFwd, a.h_fwd},
+                                             {Buffer::CellFwd, a.c_fwd},
+                                             {Buffer::SourceGradient, a.dy},
+                                             {Buffer::StateGradient, a.dh_final},
+                                             {Buffer::CellGradient, cell_gradient},
+                                             {Buffer::DSource, a.dsource},
+                                             {Buffer::DRecurrentWeight, a.dR},
+                                             {Buffer::DInputWeight, a.dW},
+                                             {Buffer::DBias, a.dbias},
+                                             {Buffer::DInitState, a.dh0},
+                                             {Buffer::DInitCell, a.dc0},
+                                             {Buffer::DPeephole, a.dP},
+                                             {Buffer::DSecondaryBias, a.db2}}));
   }
 
  private:
-  static HostArrays inputs(const detail::ForwardArrays& a) {
-    HostArrays arrays{};
-    const auto put = [&](Buffer b, const void* data) { arrays[static_cast<int>(b)] = data; };
-    put(Buffer::Source, a.source);
-    put(Buffer::InputWeight, a.input_weight);
-    put(Buffer::RecurrentWeight, a.recurrent_weight);
-    put(Buffer::Bias, a.bias);
-    put(Buffer::InitState, a.init_state);
-    put(Buffer::InitCell, a.init_cell);
-    put(Buffer::Mask, a.mask);
-    put(Buffer::Peephole, a.peephole);
-    put(Buffer::SecondaryBias, a.secondary_bias);
+  // `arrays` with each (buffer, pointer) of `items` set.
+  static HostArrays with(HostArrays arrays,
+                         std::initializer_list<std::pair<Buffer, const void*>> items) {
+    for (const auto& [b, data] : items) arrays[static_cast<int>(b)] = data;
     return arrays;
   }
 
-  [[noreturn]] void unreachable() const {
-    throw Error(std::string("[") + name() +
-                "] internal error: step-by-step call on a whole-op backend");
+  // The caller's forward inputs, where the plan's buffers of the same names live.
+  static HostArrays inputs(const detail::ForwardArrays& a) {
+    return with(HostArrays{}, {{Buffer::Source, a.source},
+                               {Buffer::InputWeight, a.input_weight},
+                               {Buffer::RecurrentWeight, a.recurrent_weight},
+                               {Buffer::Bias, a.bias},
+                               {Buffer::InitState, a.init_state},
+                               {Buffer::InitCell, a.init_cell},
+                               {Buffer::Mask, a.mask},
+                               {Buffer::Peephole, a.peephole},
+                               {Buffer::SecondaryBias, a.secondary_bias}});
   }
+
   Executor& executor_;
 };
 

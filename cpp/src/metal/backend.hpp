@@ -1,5 +1,5 @@
-// The Metal backend: whole forward ops through the plan layer, run by an executor (the
-// GPU through metal-cpp, or the host emulator). Mirrors cpu/backend.cpp.
+// The Metal backend: whole ops (forward and gradients) through the plan layer, run by an
+// executor (the GPU through metal-cpp, or the host emulator). Mirrors cpu/backend.cpp.
 #pragma once
 
 #include "core/backend.hpp"

@@ -1,0 +1,69 @@
+// The CPU backend's unit of work: one direction of a layer, its arrays already offset to
+// the direction's columns (backend.cpp sets them up from the caller's whole arrays).
+#pragma once
+
+#include <cstdint>
+
+namespace rnncore::cpu {
+
+// What both passes of one direction read of the layer's inputs. Every pointer is already
+// offset to this direction's columns; `*_ld` are row strides in elements, and time step
+// t starts at row t*N.
+struct DirectionInputs {
+  const void* R = nullptr;   // [G*H, H]
+  const void* h0 = nullptr;  // [N, H] or null (zeros)
+  int64_t h0_ld = 0;
+  const void* c0 = nullptr;  // LSTM [N, H] or null (zeros)
+  int64_t c0_ld = 0;
+  const void* mask = nullptr;  // [N, H] or null (ones)
+  int64_t mask_ld = 0;
+  const void* peephole = nullptr;  // LSTM [4H] or null
+  bool flip_in = false;
+  bool flip_out = false;
+};
+
+// One direction of the core recurrence (docs/semantics.md, CORE). Step s reads x' at time
+// (flip_in ? T-1-s : s) and writes its outputs at time (flip_out ? T-1-s : s).
+struct DirectionForward : DirectionInputs {
+  const void* xp = nullptr;  // x' = projected input + bias, [T, N, G*H] of stride xp_ld
+  int64_t xp_ld = 0;
+  const void* b2 = nullptr;  // GRU secondary bias [H] or null
+  void* y = nullptr;         // [T, N, H]
+  int64_t y_ld = 0;
+  void* c = nullptr;  // LSTM cell output [T, N, H] or null
+  int64_t c_ld = 0;
+  void* z = nullptr;  // training state [T, N, ZG*H] or null
+  int64_t z_ld = 0;
+};
+
+// One direction of back-propagation through time (contract: "Gradient operations").
+// Forward data and dy are read at output time (flip_out), dX' is written at input time
+// (flip_in). Null pointers mean "absent" (zeros for inputs, not wanted for outputs).
+struct DirectionBackward : DirectionInputs {
+  const void* z = nullptr;  // training state [T, N, ZG*H]
+  int64_t z_ld = 0;
+  const void* h_fwd = nullptr;  // GRU forward state output [T, N, H]
+  int64_t h_fwd_ld = 0;
+  const void* c_fwd = nullptr;  // LSTM forward cell output [T, N, H]
+  int64_t c_fwd_ld = 0;
+  const void* dy = nullptr;  // source_gradient [T, N, H]
+  int64_t dy_ld = 0;
+  const void* dh_final = nullptr;  // state_gradient [N, H]
+  int64_t dh_final_ld = 0;
+  const void* dc_final = nullptr;  // LSTM final-cell gradient [N, H]
+  int64_t dc_final_ld = 0;
+  const void* dc_steps = nullptr;  // LSTM per-step cell gradient [T, N, H]
+  int64_t dc_steps_ld = 0;
+
+  void* dxp = nullptr;  // dX' [T, N, G*H] (input time)
+  int64_t dxp_ld = 0;
+  void* dR = nullptr;   // [G*H, H]
+  void* dP = nullptr;   // LSTM [4H] or null
+  void* db2 = nullptr;  // GRU reset-after secondary-bias gradient [H] or null
+  void* dh0 = nullptr;  // [N, H] or null
+  int64_t dh0_ld = 0;
+  void* dc0 = nullptr;  // LSTM [N, H] or null
+  int64_t dc0_ld = 0;
+};
+
+}  // namespace rnncore::cpu
