@@ -7,7 +7,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
+#include <iterator>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "rnncore/rnncore.hpp"
@@ -134,6 +140,26 @@ Array required_array(const char* op, const char* name, nb::handle h, const char*
   return *array_arg(op, name, h, true, hint);
 }
 
+// "'cpu', 'metal' and 'metal-emulated'": every name parse_device knows, found by walking
+// the Device values after Auto for as long as device_name and parse_device agree.
+std::string known_devices() {
+  std::vector<std::string> names;
+  for (int i = static_cast<int>(Device::Auto) + 1;; ++i) {
+    const auto d = static_cast<Device>(i);
+    const std::string name = device_name(d);
+    try {
+      if (parse_device(name) != d) break;
+    } catch (const ValueError&) {
+      break;
+    }
+    names.push_back("'" + name + "'");
+  }
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return s;
+}
+
 Device device_arg(const char* op, nb::handle h) {
   if (h.is_none()) return Device::Auto;
   if (!nb::isinstance<nb::str>(h))
@@ -142,9 +168,8 @@ Device device_arg(const char* op, nb::handle h) {
   const std::string name = nb::cast<std::string>(h);
   // None means the default device; an empty name is a mistake, not another spelling of it.
   if (name.empty())
-    throw ValueError(std::string("[") + op +
-                     "] unknown device ''; known devices are 'cpu', 'metal' and "
-                     "'metal-emulated' (None for the default)");
+    throw ValueError(std::string("[") + op + "] unknown device ''; known devices are " +
+                     known_devices() + " (None for the default)");
   try {
     return parse_device(name);
   } catch (const ValueError& e) {
@@ -156,7 +181,8 @@ Device device_arg(const char* op, nb::handle h) {
 // The descriptor argument: None means the defaults for a forward op and is refused for a
 // gradient op (the defaults would give the gradients of another operation).
 template <class D>
-D descriptor_arg(const char* op, const char* cls, nb::handle h, bool required) {
+D descriptor_arg(const char* op, nb::handle h, bool required) {
+  const char* cls = DescriptorTraits<D>::name;
   if (h.is_none()) {
     if (!required) return D{};
     throw TypeError(std::string("[") + op + "] descriptor is required: pass the " + cls +
@@ -169,58 +195,23 @@ D descriptor_arg(const char* op, const char* cls, nb::handle h, bool required) {
 }
 
 // ---- descriptors ----------------------------------------------------------------------
+// Everything here walks DescriptorTraits<D>::fields and kActivations (descriptors.hpp):
+// a new field or activation needs nothing in this file.
 
 template <class D>
-struct Field {
-  const char* name;
-  bool D::*flag;
-  Activation D::*act;
-};
-
-template <class D>
-const std::vector<Field<D>>& fields();
-
-template <>
-const std::vector<Field<RNNDescriptor>>& fields() {
-  using D = RNNDescriptor;
-  static const std::vector<Field<D>> f = {{"reverse", &D::reverse, nullptr},
-                                          {"bidirectional", &D::bidirectional, nullptr},
-                                          {"training", &D::training, nullptr},
-                                          {"activation", nullptr, &D::activation}};
-  return f;
+const auto& fields() {
+  return DescriptorTraits<D>::fields;
 }
 
-template <>
-const std::vector<Field<LSTMDescriptor>>& fields() {
-  using D = LSTMDescriptor;
-  static const std::vector<Field<D>> f = {
-      {"reverse", &D::reverse, nullptr},
-      {"bidirectional", &D::bidirectional, nullptr},
-      {"produce_cell", &D::produce_cell, nullptr},
-      {"training", &D::training, nullptr},
-      {"forget_gate_last", &D::forget_gate_last, nullptr},
-      {"input_gate_activation", nullptr, &D::input_gate_activation},
-      {"forget_gate_activation", nullptr, &D::forget_gate_activation},
-      {"cell_gate_activation", nullptr, &D::cell_gate_activation},
-      {"output_gate_activation", nullptr, &D::output_gate_activation},
-      {"activation", nullptr, &D::activation}};
-  return f;
-}
+// "0..4", for messages.
+std::string activation_range() { return "0.." + std::to_string(kActivationCount - 1); }
 
-template <>
-const std::vector<Field<GRUDescriptor>>& fields() {
-  using D = GRUDescriptor;
-  static const std::vector<Field<D>> f = {
-      {"reverse", &D::reverse, nullptr},
-      {"bidirectional", &D::bidirectional, nullptr},
-      {"training", &D::training, nullptr},
-      {"reset_gate_first", &D::reset_gate_first, nullptr},
-      {"reset_after", &D::reset_after, nullptr},
-      {"flip_z", &D::flip_z, nullptr},
-      {"update_gate_activation", nullptr, &D::update_gate_activation},
-      {"reset_gate_activation", nullptr, &D::reset_gate_activation},
-      {"output_gate_activation", nullptr, &D::output_gate_activation}};
-  return f;
+// The Python member name: "HARD_SIGMOID" for "hard_sigmoid".
+std::string member_name(Activation a) {
+  if (!is_valid(a)) return "?";
+  std::string s = activation_name(a);
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
 }
 
 bool is_numpy_bool(nb::handle v) {
@@ -233,8 +224,8 @@ bool is_numpy_bool(nb::handle v) {
 }
 
 template <class D>
-void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
-  const std::string where = std::string(cls) + "." + f.name;
+void set_field(D& d, const Field<D>& f, nb::handle v) {
+  const std::string where = std::string(DescriptorTraits<D>::name) + "." + f.name;
   if (f.flag) {
     // bool or numpy.bool_; ints are refused so that a misplaced activation is caught.
     if (PyBool_Check(v.ptr())) {
@@ -249,7 +240,7 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
                     nb::cast<std::string>(nb::type_name(v.type())));
   }
   if (nb::isinstance<Activation>(v)) {
-    d.*f.act = nb::cast<Activation>(v);
+    d.*f.activation = nb::cast<Activation>(v);
     return;
   }
   if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
@@ -258,20 +249,21 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
     if (!index.is_valid()) throw nb::python_error();
     int overflow = 0;
     const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-    if (overflow || x < 0 || x > 4)
-      throw ValueError(where + " must be an Activation (0..4) but got " + text(index));
-    d.*f.act = static_cast<Activation>(x);
+    if (overflow || x < 0 || x >= kActivationCount)
+      throw ValueError(where + " must be an Activation (" + activation_range() + ") but got " +
+                       text(index));
+    d.*f.activation = static_cast<Activation>(x);
     return;
   }
-  throw TypeError(where + " must be an rnncore.Activation or an int in 0..4 but got " +
-                  nb::cast<std::string>(nb::type_name(v.type())));
+  throw TypeError(where + " must be an rnncore.Activation or an int in " + activation_range() +
+                  " but got " + nb::cast<std::string>(nb::type_name(v.type())));
 }
 
 template <class D>
-std::string signature(const char* cls) {
+std::string signature() {
   std::string s = "def __init__(self, *";
+  const D def{};
   for (const auto& f : fields<D>()) {
-    D def;
     s += std::string(", ") + f.name;
     if (f.flag)
       s += std::string(": bool = ") + (def.*f.flag ? "True" : "False");
@@ -279,40 +271,28 @@ std::string signature(const char* cls) {
       // Stub convention for a non-literal default; the docstring names the value.
       s += ": Activation | int = ...";
   }
-  (void)cls;
   return s + ") -> None";
 }
 
-const char* act_enum_name(Activation a) {
-  switch (a) {
-    case Activation::None: return "NONE";
-    case Activation::Relu: return "RELU";
-    case Activation::Tanh: return "TANH";
-    case Activation::Sigmoid: return "SIGMOID";
-    case Activation::HardSigmoid: return "HARD_SIGMOID";
-  }
-  return "?";
-}
-
 template <class D>
-std::string repr_of(const char* cls, const D& d) {
-  std::string s = std::string(cls) + "(";
+std::string repr_of(const D& d) {
+  std::string s = std::string(DescriptorTraits<D>::name) + "(";
   bool first = true;
   for (const auto& f : fields<D>()) {
     if (!first) s += ", ";
     first = false;
     s += std::string(f.name) + "=";
-    s += f.flag ? (d.*f.flag ? "True" : "False")
-                : std::string("Activation.") + act_enum_name(d.*f.act);
+    s += f.flag ? (d.*f.flag ? "True" : "False") : "Activation." + member_name(d.*f.activation);
   }
   return s + ")";
 }
 
 template <class D>
-void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
-  static const std::string sig = signature<D>(cls);
+void bind_descriptor(nb::module_& m, const char* doc) {
+  const char* cls = DescriptorTraits<D>::name;
+  static const std::string sig = signature<D>();
   static const std::string full_doc =
-      std::string(doc) + "\n\nMPSGraph's defaults: " + repr_of(cls, D{}) + ".";
+      std::string(doc) + "\n\nMPSGraph's defaults: " + repr_of(D{}) + ".";
   nb::class_<D> c(m, cls, full_doc.c_str());
   c.def(
       "__init__",
@@ -326,7 +306,7 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
           bool found = false;
           for (const auto& f : fields<D>())
             if (key == f.name) {
-              set_field(cls, *self, f, v);
+              set_field(*self, f, v);
               found = true;
             }
           if (!found)
@@ -336,19 +316,18 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       },
       nb::sig(sig.c_str()));
   for (const auto& f : fields<D>()) {
+    static std::vector<std::string> setter_sigs;  // nanobind keeps the pointer
+    setter_sigs.push_back(std::string("def ") + f.name +
+                          "(self, arg: " + (f.flag ? "bool" : "Activation | int") + ", /) -> None");
+    auto set = [f](D& d, nb::handle v) { set_field(d, f, v); };
     if (f.flag)
       c.def_prop_rw(
-          f.name, [f](const D& d) { return d.*f.flag; },
-          [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(
-              nb::sig((std::string("def ") + f.name + "(self, arg: bool, /) -> None").c_str())));
+          f.name, [f](const D& d) { return d.*f.flag; }, set, nb::for_getter(f.doc),
+          nb::for_setter(nb::sig(setter_sigs.back().c_str())));
     else
       c.def_prop_rw(
-          f.name, [f](const D& d) { return d.*f.act; },
-          [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(
-              nb::sig((std::string("def ") + f.name + "(self, arg: Activation | int, /) -> None")
-                          .c_str())));
+          f.name, [f](const D& d) { return d.*f.activation; }, set, nb::for_getter(f.doc),
+          nb::for_setter(nb::sig(setter_sigs.back().c_str())));
   }
   c.def(
       "__eq__",
@@ -365,7 +344,7 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
   nb::list names;
   for (const auto& f : fields<D>()) names.append(f.name);
   c.attr("_fields") = nb::tuple(names);
-  c.def("__repr__", [cls](const D& d) { return repr_of(cls, d); });
+  c.def("__repr__", [](const D& d) { return repr_of(d); });
   c.def("__copy__", [](const D& d) { return D(d); });
   c.def(
       "__deepcopy__", [](const D& d, nb::handle) { return D(d); }, "memo"_a);
@@ -375,23 +354,292 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       if (f.flag)
         state.append(d.*f.flag);
       else
-        state.append(static_cast<int>(d.*f.act));
+        state.append(static_cast<int>(d.*f.activation));
     return nb::tuple(state);
   });
   c.def("__setstate__", [cls](D& d, nb::handle h) {
-    const auto& fs = fields<D>();
+    const size_t n = std::size(fields<D>());
     if (!nb::isinstance<nb::tuple>(h))
-      throw TypeError(std::string(cls) + ".__setstate__ takes a tuple of " +
-                      std::to_string(fs.size()) + " fields but got " + type_name_of(h));
+      throw TypeError(std::string(cls) + ".__setstate__ takes a tuple of " + std::to_string(n) +
+                      " fields but got " + type_name_of(h));
     const nb::tuple state = nb::borrow<nb::tuple>(h);
-    if (state.size() != fs.size())
-      throw ValueError(std::string(cls) + ".__setstate__ takes a tuple of " +
-                       std::to_string(fs.size()) + " fields but got " +
-                       std::to_string(state.size()));
+    if (state.size() != n)
+      throw ValueError(std::string(cls) + ".__setstate__ takes a tuple of " + std::to_string(n) +
+                       " fields but got " + std::to_string(state.size()));
     new (&d) D();
-    for (size_t i = 0; i < fs.size(); ++i) set_field(cls, d, fs[i], state[i]);
+    for (size_t i = 0; i < n; ++i) set_field(d, fields<D>()[i], state[i]);
   });
 }
+
+void bind_activation(nb::module_& m) {
+  static const std::string doc =
+      "Gate activations of the contract's table (values " + activation_range() + ").";
+  static std::vector<std::string> texts;  // names and docstrings, kept for nanobind
+  texts.reserve(2 * std::size(kActivations));
+  nb::enum_<Activation> e(m, "Activation", nb::is_arithmetic(), doc.c_str());
+  for (const auto& a : kActivations) {
+    texts.push_back(member_name(a.value));
+    const char* name = texts.back().c_str();
+    texts.push_back(std::string(a.name) + ": f(x) = " + a.formula);
+    e.value(name, a.value, texts.back().c_str());
+  }
+}
+
+// ---- operations -----------------------------------------------------------------------
+// Each operation is an Op type: its name, its array arguments in Python's order (ArgSpec),
+// how they fill the C++ inputs struct, the C++ function and its results as a tuple. def_op
+// binds one; every argument arrives as an object so that a wrong one gets a message
+// naming the operation and the argument rather than nanobind's overload dump.
+
+enum class Role { Required, Optional, KeywordOnly };  // KeywordOnly arrays are optional
+
+struct ArgSpec {
+  const char* name;
+  Role role;
+  const char* hint = nullptr;  // after "is required: " when a required array is None
+};
+
+// The arrays of one call, read (as arrays) in Python's order; inputs() turns them into
+// views in the inputs struct's order, which is the order of the dtype checks.
+class CallArrays {
+ public:
+  CallArrays(const char* op, const ArgSpec* specs, const nb::handle* handles, size_t n)
+      : op_(op), specs_(specs), n_(n) {
+    for (size_t i = 0; i < n; ++i)
+      arrays_.push_back(
+          array_arg(op, specs[i].name, handles[i], specs[i].role == Role::Required, specs[i].hint));
+  }
+  TensorView required(const char* name) const { return view(op_, name, *find(name)); }
+  std::optional<TensorView> optional(const char* name) const { return view(op_, name, find(name)); }
+
+ private:
+  const OptArray& find(const char* name) const {
+    for (size_t i = 0; i < n_; ++i)
+      if (std::string_view(specs_[i].name) == name) return arrays_[i];
+    throw std::logic_error(std::string("no argument ") + name);
+  }
+  const char* op_;
+  const ArgSpec* specs_;
+  size_t n_;
+  std::vector<OptArray> arrays_;
+};
+
+template <class... T>
+nb::tuple numpy_tuple(const T&... t) {
+  return nb::make_tuple(to_numpy(t)...);
+}
+
+template <class Op, size_t I>
+auto arg_annotation() {
+  constexpr ArgSpec spec = Op::args[I];
+  if constexpr (spec.role == Role::Required)
+    return std::make_tuple(nb::arg(spec.name).none());
+  else if constexpr (spec.role == Role::KeywordOnly &&
+                     (I == 0 || Op::args[I - 1].role != Role::KeywordOnly))
+    return std::make_tuple(nb::kw_only(), nb::arg(spec.name).none() = nb::none());
+  else
+    return std::make_tuple(nb::arg(spec.name).none() = nb::none());
+}
+
+template <size_t>
+using Handle = nb::handle;
+
+template <class Op, size_t... I>
+void def_op(nb::module_& m, std::index_sequence<I...>) {
+  constexpr size_t n = sizeof...(I);
+  constexpr bool has_kw_only = ((Op::args[I].role == Role::KeywordOnly) || ...);
+  auto kw = [] {
+    if constexpr (has_kw_only)
+      return std::make_tuple();
+    else
+      return std::make_tuple(nb::kw_only());
+  };
+  auto annotations = std::tuple_cat(
+      arg_annotation<Op, I>()..., kw(),
+      std::make_tuple("descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none()));
+  auto fn = [](Handle<I>... arrays, nb::handle descriptor, nb::handle device) {
+    const nb::handle handles[n] = {arrays...};
+    const CallArrays a(Op::name, Op::args, handles, n);
+    using D = typename Op::Descriptor;
+    const D desc = descriptor_arg<D>(Op::name, descriptor, Op::descriptor_required);
+    const Device dev = device_arg(Op::name, device);
+    const auto in = Op::inputs(a);
+    decltype(Op::run(in, desc, dev)) res;
+    {
+      nb::gil_scoped_release release;
+      res = Op::run(in, desc, dev);
+    }
+    return Op::outputs(res);
+  };
+  std::apply([&](const auto&... extra) { m.def(Op::name, fn, extra...); }, annotations);
+}
+
+template <class Op>
+void def_op(nb::module_& m) {
+  def_op<Op>(m, std::make_index_sequence<std::size(Op::args)>());
+}
+
+constexpr Role kReq = Role::Required, kOpt = Role::Optional, kKw = Role::KeywordOnly;
+constexpr const char* kZStateHint = "run the forward with descriptor.training=True";
+
+struct SingleGateRnn {
+  static constexpr const char* name = "single_gate_rnn";
+  using Descriptor = RNNDescriptor;
+  static constexpr bool descriptor_required = false;
+  static constexpr ArgSpec args[] = {{"source", kReq},       {"recurrent_weight", kReq},
+                                     {"input_weight", kOpt}, {"bias", kOpt},
+                                     {"init_state", kOpt},   {"mask", kOpt}};
+  static RNNInputs inputs(const CallArrays& a) {
+    return {a.required("source"), a.required("recurrent_weight"), a.optional("input_weight"),
+            a.optional("bias"),   a.optional("init_state"),       a.optional("mask")};
+  }
+  static RNNResults run(const RNNInputs& in, const Descriptor& d, Device dev) {
+    return single_gate_rnn(in, d, dev);
+  }
+  static nb::tuple outputs(const RNNResults& r) { return numpy_tuple(r.state, r.z_state); }
+};
+
+struct Lstm {
+  static constexpr const char* name = "lstm";
+  using Descriptor = LSTMDescriptor;
+  static constexpr bool descriptor_required = false;
+  static constexpr ArgSpec args[] = {
+      {"source", kReq},     {"recurrent_weight", kReq}, {"input_weight", kOpt}, {"bias", kOpt},
+      {"init_state", kOpt}, {"init_cell", kOpt},        {"mask", kOpt},         {"peephole", kOpt}};
+  static LSTMInputs inputs(const CallArrays& a) {
+    return {a.required("source"), a.required("recurrent_weight"), a.optional("input_weight"),
+            a.optional("bias"),   a.optional("init_state"),       a.optional("init_cell"),
+            a.optional("mask"),   a.optional("peephole")};
+  }
+  static LSTMResults run(const LSTMInputs& in, const Descriptor& d, Device dev) {
+    return lstm(in, d, dev);
+  }
+  static nb::tuple outputs(const LSTMResults& r) { return numpy_tuple(r.state, r.cell, r.z_state); }
+};
+
+struct Gru {
+  static constexpr const char* name = "gru";
+  using Descriptor = GRUDescriptor;
+  static constexpr bool descriptor_required = false;
+  static constexpr ArgSpec args[] = {{"source", kReq},        {"recurrent_weight", kReq},
+                                     {"input_weight", kOpt},  {"bias", kOpt},
+                                     {"init_state", kOpt},    {"mask", kOpt},
+                                     {"secondary_bias", kOpt}};
+  static GRUInputs inputs(const CallArrays& a) {
+    return {a.required("source"),        a.required("recurrent_weight"), a.optional("input_weight"),
+            a.optional("bias"),          a.optional("init_state"),       a.optional("mask"),
+            a.optional("secondary_bias")};
+  }
+  static GRUResults run(const GRUInputs& in, const Descriptor& d, Device dev) {
+    return gru(in, d, dev);
+  }
+  static nb::tuple outputs(const GRUResults& r) { return numpy_tuple(r.state, r.z_state); }
+};
+
+// The gradient ops take the forward's inputs (by keyword, besides source and
+// recurrent_weight) after their own; the views are made as the inputs struct is laid out,
+// the forward's part first.
+
+struct SingleGateRnnGradients {
+  static constexpr const char* name = "single_gate_rnn_gradients";
+  using Descriptor = RNNDescriptor;
+  static constexpr bool descriptor_required = true;
+  static constexpr ArgSpec args[] = {{"source", kReq},
+                                     {"recurrent_weight", kReq},
+                                     {"source_gradient", kReq},
+                                     {"z_state", kReq, kZStateHint},
+                                     {"state_gradient", kKw},
+                                     {"input_weight", kKw},
+                                     {"bias", kKw},
+                                     {"init_state", kKw},
+                                     {"mask", kKw}};
+  static RNNGradientInputs inputs(const CallArrays& a) {
+    RNNGradientInputs in;
+    static_cast<RNNInputs&>(in) = SingleGateRnn::inputs(a);
+    in.source_gradient = a.required("source_gradient");
+    in.z_state = a.required("z_state");
+    in.state_gradient = a.optional("state_gradient");
+    return in;
+  }
+  static RNNGradients run(const RNNGradientInputs& in, const Descriptor& d, Device dev) {
+    return single_gate_rnn_gradients(in, d, dev);
+  }
+  static nb::tuple outputs(const RNNGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state);
+  }
+};
+
+struct LstmGradients {
+  static constexpr const char* name = "lstm_gradients";
+  using Descriptor = LSTMDescriptor;
+  static constexpr bool descriptor_required = true;
+  static constexpr ArgSpec args[] = {
+      {"source", kReq},
+      {"recurrent_weight", kReq},
+      {"source_gradient", kReq},
+      {"z_state", kReq, kZStateHint},
+      {"cell_output_fwd", kReq,
+       "pass the cell output of the forward run (training=True or produce_cell=True)"},
+      {"state_gradient", kKw},
+      {"cell_gradient", kKw},
+      {"input_weight", kKw},
+      {"bias", kKw},
+      {"init_state", kKw},
+      {"init_cell", kKw},
+      {"mask", kKw},
+      {"peephole", kKw}};
+  static LSTMGradientInputs inputs(const CallArrays& a) {
+    LSTMGradientInputs in;
+    static_cast<LSTMInputs&>(in) = Lstm::inputs(a);
+    in.source_gradient = a.required("source_gradient");
+    in.z_state = a.required("z_state");
+    in.cell_output_fwd = a.required("cell_output_fwd");
+    in.state_gradient = a.optional("state_gradient");
+    in.cell_gradient = a.optional("cell_gradient");
+    return in;
+  }
+  static LSTMGradients run(const LSTMGradientInputs& in, const Descriptor& d, Device dev) {
+    return lstm_gradients(in, d, dev);
+  }
+  static nb::tuple outputs(const LSTMGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.peephole,
+                       g.init_state, g.init_cell);
+  }
+};
+
+struct GruGradients {
+  static constexpr const char* name = "gru_gradients";
+  using Descriptor = GRUDescriptor;
+  static constexpr bool descriptor_required = true;
+  static constexpr ArgSpec args[] = {
+      {"source", kReq},
+      {"recurrent_weight", kReq},
+      {"source_gradient", kReq},
+      {"z_state", kReq, kZStateHint},
+      {"output_fwd", kReq, "pass the state output of the forward run"},
+      {"state_gradient", kKw},
+      {"input_weight", kKw},
+      {"bias", kKw},
+      {"init_state", kKw},
+      {"mask", kKw},
+      {"secondary_bias", kKw}};
+  static GRUGradientInputs inputs(const CallArrays& a) {
+    GRUGradientInputs in;
+    static_cast<GRUInputs&>(in) = Gru::inputs(a);
+    in.source_gradient = a.required("source_gradient");
+    in.z_state = a.required("z_state");
+    in.output_fwd = a.required("output_fwd");
+    in.state_gradient = a.optional("state_gradient");
+    return in;
+  }
+  static GRUGradients run(const GRUGradientInputs& in, const Descriptor& d, Device dev) {
+    return gru_gradients(in, d, dev);
+  }
+  static nb::tuple outputs(const GRUGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state,
+                       g.secondary_bias);
+  }
+};
 
 }  // namespace
 }  // namespace rnncore::python
@@ -415,18 +663,10 @@ NB_MODULE(_core, m) {
     }
   });
 
-  nb::enum_<Activation>(m, "Activation", nb::is_arithmetic(),
-                        "Gate activations of the contract's table (values 0..4).")
-      .value("NONE", Activation::None)
-      .value("RELU", Activation::Relu)
-      .value("TANH", Activation::Tanh)
-      .value("SIGMOID", Activation::Sigmoid)
-      .value("HARD_SIGMOID", Activation::HardSigmoid);
-
-  bind_descriptor<RNNDescriptor>(m, "RNNDescriptor", "Single-gate RNN descriptor.");
-  bind_descriptor<LSTMDescriptor>(m, "LSTMDescriptor", "LSTM descriptor.");
-  bind_descriptor<GRUDescriptor>(m, "GRUDescriptor", "GRU descriptor.");
-
+  bind_activation(m);
+  bind_descriptor<RNNDescriptor>(m, "Single-gate RNN descriptor.");
+  bind_descriptor<LSTMDescriptor>(m, "LSTM descriptor.");
+  bind_descriptor<GRUDescriptor>(m, "GRU descriptor.");
   m.def("devices", &available_devices, "The devices this build can run here, best first.");
   m.def("build_info", [] {
     BuildInfo b = build_info();
@@ -459,229 +699,10 @@ NB_MODULE(_core, m) {
   m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
   m.attr("__version__") = version();
 
-  // Every argument arrives as an object so that a wrong one gets a message naming the
-  // operation and the argument rather than nanobind's overload dump.
-  using H = nb::handle;
-  m.def(
-      "single_gate_rnn",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask, H descriptor,
-         H device) {
-        const char* op = "single_gate_rnn";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false);
-        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        RNNInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
-                     view(op, "input_weight", w), view(op, "bias", b),
-                     view(op, "init_state", h0),  view(op, "mask", mk)};
-        RNNResults res;
-        {
-          nb::gil_scoped_release release;
-          res = single_gate_rnn(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
-
-  m.def(
-      "lstm",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H init_cell, H mask,
-         H peephole, H descriptor, H device) {
-        const char* op = "lstm";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       c0 = array_arg(op, "init_cell", init_cell, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       ph = array_arg(op, "peephole", peephole, false);
-        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        LSTMInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
-                      view(op, "input_weight", w), view(op, "bias", b),
-                      view(op, "init_state", h0),  view(op, "init_cell", c0),
-                      view(op, "mask", mk),        view(op, "peephole", ph)};
-        LSTMResults res;
-        {
-          nb::gil_scoped_release release;
-          res = lstm(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.cell), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "init_cell"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
-      "peephole"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
-
-  m.def(
-      "gru",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask,
-         H secondary_bias, H descriptor, H device) {
-        const char* op = "gru";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
-        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        GRUInputs in{view(op, "source", x),         view(op, "recurrent_weight", r),
-                     view(op, "input_weight", w),   view(op, "bias", b),
-                     view(op, "init_state", h0),    view(op, "mask", mk),
-                     view(op, "secondary_bias", b2)};
-        GRUResults res;
-        {
-          nb::gil_scoped_release release;
-          res = gru(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(), nb::kw_only(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  static const char* const kZStateHint = "run the forward with descriptor.training=True";
-  m.def(
-      "single_gate_rnn_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H state_gradient,
-         H input_weight, H bias, H init_state, H mask, H descriptor, H device) {
-        const char* op = "single_gate_rnn_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false);
-        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        RNNGradientInputs in;
-        static_cast<RNNInputs&>(in) = {view(op, "source", x),       view(op, "recurrent_weight", r),
-                                       view(op, "input_weight", w), view(op, "bias", b),
-                                       view(op, "init_state", h0),  view(op, "mask", mk)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.state_gradient = view(op, "state_gradient", dh);
-        RNNGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = single_gate_rnn_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), nb::kw_only(), "state_gradient"_a.none() = nb::none(),
-      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
-      "init_state"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  m.def(
-      "lstm_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H cell_output_fwd,
-         H state_gradient, H cell_gradient, H input_weight, H bias, H init_state, H init_cell,
-         H mask, H peephole, H descriptor, H device) {
-        const char* op = "lstm_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const Array cf = required_array(op, "cell_output_fwd", cell_output_fwd,
-                                        "pass the cell output of the forward run (training=True "
-                                        "or produce_cell=True)");
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       dc = array_arg(op, "cell_gradient", cell_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       c0 = array_arg(op, "init_cell", init_cell, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       ph = array_arg(op, "peephole", peephole, false);
-        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        LSTMGradientInputs in;
-        static_cast<LSTMInputs&>(in) = {
-            view(op, "source", x), view(op, "recurrent_weight", r), view(op, "input_weight", w),
-            view(op, "bias", b),   view(op, "init_state", h0),      view(op, "init_cell", c0),
-            view(op, "mask", mk),  view(op, "peephole", ph)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.cell_output_fwd = view(op, "cell_output_fwd", cf);
-        in.state_gradient = view(op, "state_gradient", dh);
-        in.cell_gradient = view(op, "cell_gradient", dc);
-        LSTMGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = lstm_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.peephole),
-                              to_numpy(g.init_state), to_numpy(g.init_cell));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), "cell_output_fwd"_a.none(), nb::kw_only(),
-      "state_gradient"_a.none() = nb::none(), "cell_gradient"_a.none() = nb::none(),
-      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
-      "init_state"_a.none() = nb::none(), "init_cell"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "peephole"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  m.def(
-      "gru_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H output_fwd, H state_gradient,
-         H input_weight, H bias, H init_state, H mask, H secondary_bias, H descriptor, H device) {
-        const char* op = "gru_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const Array yf = required_array(op, "output_fwd", output_fwd,
-                                        "pass the state output of the forward run");
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
-        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        GRUGradientInputs in;
-        static_cast<GRUInputs&>(in) = {
-            view(op, "source", x),         view(op, "recurrent_weight", r),
-            view(op, "input_weight", w),   view(op, "bias", b),
-            view(op, "init_state", h0),    view(op, "mask", mk),
-            view(op, "secondary_bias", b2)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.output_fwd = view(op, "output_fwd", yf);
-        in.state_gradient = view(op, "state_gradient", dh);
-        GRUGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = gru_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state),
-                              to_numpy(g.secondary_bias));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), "output_fwd"_a.none(), nb::kw_only(),
-      "state_gradient"_a.none() = nb::none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+  def_op<SingleGateRnn>(m);
+  def_op<Lstm>(m);
+  def_op<Gru>(m);
+  def_op<SingleGateRnnGradients>(m);
+  def_op<LstmGradients>(m);
+  def_op<GruGradients>(m);
 }
