@@ -7,12 +7,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cctype>
 #include <iterator>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -386,31 +388,87 @@ void bind_activation(nb::module_& m) {
 }
 
 // ---- operations -----------------------------------------------------------------------
-// Each operation is an Op type: its name, its array arguments in Python's order (ArgSpec),
-// how they fill the C++ inputs struct, the C++ function and its results as a tuple. def_op
-// binds one; every argument arrives as an object so that a wrong one gets a message
-// naming the operation and the argument rather than nanobind's overload dump.
+// Each operation is an Op type: its name, the C++ function, its arrays as members of the
+// inputs struct (in the struct's order) and its results as a tuple. A gradient Op names
+// its Forward and lists only its own arrays: it takes the forward's required arrays first,
+// then its own, then the forward's optional ones as keywords. def_op binds one; every
+// argument arrives as an object so that a wrong one gets a message naming the operation
+// and the argument rather than nanobind's overload dump.
+
+// One array of an operation: a member of its inputs struct; required when a TensorView.
+template <class In>
+struct Arg {
+  const char* name;
+  TensorView In::*required = nullptr;
+  std::optional<TensorView> In::*optional = nullptr;
+  const char* hint = nullptr;  // after "is required: " when a required array is None
+
+  constexpr Arg() : name(nullptr) {}
+  constexpr Arg(const char* n, TensorView In::*m, const char* h = nullptr)
+      : name(n), required(m), hint(h) {}
+  constexpr Arg(const char* n, std::optional<TensorView> In::*m) : name(n), optional(m) {}
+};
 
 enum class Role { Required, Optional, KeywordOnly };  // KeywordOnly arrays are optional
 
-struct ArgSpec {
-  const char* name;
-  Role role;
-  const char* hint = nullptr;  // after "is required: " when a required array is None
+// An array argument as Python sees it.
+struct PyArg {
+  const char* name = nullptr;
+  Role role = Role::Required;
+  const char* hint = nullptr;
 };
 
-// The arrays of one call, read (as arrays) in Python's order; inputs() turns them into
-// views in the inputs struct's order, which is the order of the dtype checks.
+template <class In>
+constexpr PyArg py_arg(const Arg<In>& a, bool keyword) {
+  return {a.name,
+          a.required ? Role::Required
+          : keyword  ? Role::KeywordOnly
+                     : Role::Optional,
+          a.hint};
+}
+
+template <class Op, class = void>
+struct IsGradient : std::false_type {};
+template <class Op>
+struct IsGradient<Op, std::void_t<typename Op::Forward>> : std::true_type {};
+
+// The Op's array arguments in Python's order.
+template <class Op>
+constexpr auto py_args() {
+  if constexpr (IsGradient<Op>::value) {
+    constexpr size_t nf = std::size(Op::Forward::args), n = std::size(Op::args);
+    std::array<PyArg, nf + n> r{};
+    for (size_t i = 0; i < nf + n; ++i)
+      r[i] = i < 2       ? py_arg(Op::Forward::args[i], false)
+             : i < 2 + n ? py_arg(Op::args[i - 2], true)
+                         : py_arg(Op::Forward::args[i - n], true);
+    return r;
+  } else {
+    std::array<PyArg, std::size(Op::args)> r{};
+    for (size_t i = 0; i < r.size(); ++i) r[i] = py_arg(Op::args[i], false);
+    return r;
+  }
+}
+
+// The arrays of one call, read (as arrays) in Python's order; views are made from them
+// in the inputs struct's order, which is the order of the dtype checks.
 class CallArrays {
  public:
-  CallArrays(const char* op, const ArgSpec* specs, const nb::handle* handles, size_t n)
+  CallArrays(const char* op, const PyArg* specs, const nb::handle* handles, size_t n)
       : op_(op), specs_(specs), n_(n) {
     for (size_t i = 0; i < n; ++i)
       arrays_.push_back(
           array_arg(op, specs[i].name, handles[i], specs[i].role == Role::Required, specs[i].hint));
   }
-  TensorView required(const char* name) const { return view(op_, name, *find(name)); }
-  std::optional<TensorView> optional(const char* name) const { return view(op_, name, find(name)); }
+  // Sets the members of `in` that `args` (Arg<In>s) name.
+  template <class In, class Args>
+  void fill(In& in, const Args& args) const {
+    for (const auto& a : args)
+      if (a.required)
+        in.*a.required = view(op_, a.name, *find(a.name));
+      else
+        in.*a.optional = view(op_, a.name, find(a.name));
+  }
 
  private:
   const OptArray& find(const char* name) const {
@@ -419,9 +477,24 @@ class CallArrays {
     throw std::logic_error(std::string("no argument ") + name);
   }
   const char* op_;
-  const ArgSpec* specs_;
+  const PyArg* specs_;
   size_t n_;
   std::vector<OptArray> arrays_;
+};
+
+template <class Op, class In>
+void fill_inputs(const CallArrays& a, In& in) {
+  if constexpr (IsGradient<Op>::value)
+    fill_inputs<typename Op::Forward>(a, static_cast<typename Op::Forward::In&>(in));
+  a.fill(in, Op::args);
+}
+
+template <class F>
+struct Signature;
+template <class R, class In, class D>
+struct Signature<R (*)(const In&, const D&, Device)> {
+  using Result = R;
+  using Descriptor = D;
 };
 
 template <class... T>
@@ -431,11 +504,12 @@ nb::tuple numpy_tuple(const T&... t) {
 
 template <class Op, size_t I>
 auto arg_annotation() {
-  constexpr ArgSpec spec = Op::args[I];
+  constexpr auto args = py_args<Op>();
+  constexpr PyArg spec = args[I];
   if constexpr (spec.role == Role::Required)
     return std::make_tuple(nb::arg(spec.name).none());
   else if constexpr (spec.role == Role::KeywordOnly &&
-                     (I == 0 || Op::args[I - 1].role != Role::KeywordOnly))
+                     (I == 0 || args[I - 1].role != Role::KeywordOnly))
     return std::make_tuple(nb::kw_only(), nb::arg(spec.name).none() = nb::none());
   else
     return std::make_tuple(nb::arg(spec.name).none() = nb::none());
@@ -446,10 +520,9 @@ using Handle = nb::handle;
 
 template <class Op, size_t... I>
 void def_op(nb::module_& m, std::index_sequence<I...>) {
-  constexpr size_t n = sizeof...(I);
-  constexpr bool has_kw_only = ((Op::args[I].role == Role::KeywordOnly) || ...);
+  static constexpr auto args = py_args<Op>();
   auto kw = [] {
-    if constexpr (has_kw_only)
+    if constexpr (IsGradient<Op>::value)  // the gradient's own optional arrays start them
       return std::make_tuple();
     else
       return std::make_tuple(nb::kw_only());
@@ -458,13 +531,15 @@ void def_op(nb::module_& m, std::index_sequence<I...>) {
       arg_annotation<Op, I>()..., kw(),
       std::make_tuple("descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none()));
   auto fn = [](Handle<I>... arrays, nb::handle descriptor, nb::handle device) {
-    const nb::handle handles[n] = {arrays...};
-    const CallArrays a(Op::name, Op::args, handles, n);
-    using D = typename Op::Descriptor;
-    const D desc = descriptor_arg<D>(Op::name, descriptor, Op::descriptor_required);
+    using S = Signature<std::remove_const_t<decltype(Op::run)>>;
+    const nb::handle handles[] = {arrays...};
+    const CallArrays a(Op::name, args.data(), handles, args.size());
+    const auto desc =
+        descriptor_arg<typename S::Descriptor>(Op::name, descriptor, IsGradient<Op>::value);
     const Device dev = device_arg(Op::name, device);
-    const auto in = Op::inputs(a);
-    decltype(Op::run(in, desc, dev)) res;
+    typename Op::In in;
+    fill_inputs<Op>(a, in);
+    typename S::Result res;
     {
       nb::gil_scoped_release release;
       res = Op::run(in, desc, dev);
@@ -476,131 +551,75 @@ void def_op(nb::module_& m, std::index_sequence<I...>) {
 
 template <class Op>
 void def_op(nb::module_& m) {
-  def_op<Op>(m, std::make_index_sequence<std::size(Op::args)>());
+  def_op<Op>(m, std::make_index_sequence<py_args<Op>().size()>());
 }
 
-constexpr Role kReq = Role::Required, kOpt = Role::Optional, kKw = Role::KeywordOnly;
+// A forward op's arrays: every inputs struct starts with these five, then `rest`.
+template <class In, size_t N>
+constexpr std::array<Arg<In>, 5 + N> forward_args(const Arg<In> (&rest)[N]) {
+  std::array<Arg<In>, 5 + N> r{};
+  r[0] = {"source", &In::source};
+  r[1] = {"recurrent_weight", &In::recurrent_weight};
+  r[2] = {"input_weight", &In::input_weight};
+  r[3] = {"bias", &In::bias};
+  r[4] = {"init_state", &In::init_state};
+  for (size_t i = 0; i < N; ++i) r[5 + i] = rest[i];
+  return r;
+}
+
 constexpr const char* kZStateHint = "run the forward with descriptor.training=True";
 
 struct SingleGateRnn {
+  using In = RNNInputs;
   static constexpr const char* name = "single_gate_rnn";
-  using Descriptor = RNNDescriptor;
-  static constexpr bool descriptor_required = false;
-  static constexpr ArgSpec args[] = {{"source", kReq},       {"recurrent_weight", kReq},
-                                     {"input_weight", kOpt}, {"bias", kOpt},
-                                     {"init_state", kOpt},   {"mask", kOpt}};
-  static RNNInputs inputs(const CallArrays& a) {
-    return {a.required("source"), a.required("recurrent_weight"), a.optional("input_weight"),
-            a.optional("bias"),   a.optional("init_state"),       a.optional("mask")};
-  }
-  static RNNResults run(const RNNInputs& in, const Descriptor& d, Device dev) {
-    return single_gate_rnn(in, d, dev);
-  }
+  static constexpr auto run = &single_gate_rnn;
+  static constexpr auto args = forward_args<In>({{"mask", &In::mask}});
   static nb::tuple outputs(const RNNResults& r) { return numpy_tuple(r.state, r.z_state); }
 };
 
 struct Lstm {
+  using In = LSTMInputs;
   static constexpr const char* name = "lstm";
-  using Descriptor = LSTMDescriptor;
-  static constexpr bool descriptor_required = false;
-  static constexpr ArgSpec args[] = {
-      {"source", kReq},     {"recurrent_weight", kReq}, {"input_weight", kOpt}, {"bias", kOpt},
-      {"init_state", kOpt}, {"init_cell", kOpt},        {"mask", kOpt},         {"peephole", kOpt}};
-  static LSTMInputs inputs(const CallArrays& a) {
-    return {a.required("source"), a.required("recurrent_weight"), a.optional("input_weight"),
-            a.optional("bias"),   a.optional("init_state"),       a.optional("init_cell"),
-            a.optional("mask"),   a.optional("peephole")};
-  }
-  static LSTMResults run(const LSTMInputs& in, const Descriptor& d, Device dev) {
-    return lstm(in, d, dev);
-  }
+  static constexpr auto run = &lstm;
+  static constexpr auto args = forward_args<In>(
+      {{"init_cell", &In::init_cell}, {"mask", &In::mask}, {"peephole", &In::peephole}});
   static nb::tuple outputs(const LSTMResults& r) { return numpy_tuple(r.state, r.cell, r.z_state); }
 };
 
 struct Gru {
+  using In = GRUInputs;
   static constexpr const char* name = "gru";
-  using Descriptor = GRUDescriptor;
-  static constexpr bool descriptor_required = false;
-  static constexpr ArgSpec args[] = {{"source", kReq},        {"recurrent_weight", kReq},
-                                     {"input_weight", kOpt},  {"bias", kOpt},
-                                     {"init_state", kOpt},    {"mask", kOpt},
-                                     {"secondary_bias", kOpt}};
-  static GRUInputs inputs(const CallArrays& a) {
-    return {a.required("source"),        a.required("recurrent_weight"), a.optional("input_weight"),
-            a.optional("bias"),          a.optional("init_state"),       a.optional("mask"),
-            a.optional("secondary_bias")};
-  }
-  static GRUResults run(const GRUInputs& in, const Descriptor& d, Device dev) {
-    return gru(in, d, dev);
-  }
+  static constexpr auto run = &gru;
+  static constexpr auto args =
+      forward_args<In>({{"mask", &In::mask}, {"secondary_bias", &In::secondary_bias}});
   static nb::tuple outputs(const GRUResults& r) { return numpy_tuple(r.state, r.z_state); }
 };
 
-// The gradient ops take the forward's inputs (by keyword, besides source and
-// recurrent_weight) after their own; the views are made as the inputs struct is laid out,
-// the forward's part first.
-
 struct SingleGateRnnGradients {
+  using Forward = SingleGateRnn;
+  using In = RNNGradientInputs;
   static constexpr const char* name = "single_gate_rnn_gradients";
-  using Descriptor = RNNDescriptor;
-  static constexpr bool descriptor_required = true;
-  static constexpr ArgSpec args[] = {{"source", kReq},
-                                     {"recurrent_weight", kReq},
-                                     {"source_gradient", kReq},
-                                     {"z_state", kReq, kZStateHint},
-                                     {"state_gradient", kKw},
-                                     {"input_weight", kKw},
-                                     {"bias", kKw},
-                                     {"init_state", kKw},
-                                     {"mask", kKw}};
-  static RNNGradientInputs inputs(const CallArrays& a) {
-    RNNGradientInputs in;
-    static_cast<RNNInputs&>(in) = SingleGateRnn::inputs(a);
-    in.source_gradient = a.required("source_gradient");
-    in.z_state = a.required("z_state");
-    in.state_gradient = a.optional("state_gradient");
-    return in;
-  }
-  static RNNGradients run(const RNNGradientInputs& in, const Descriptor& d, Device dev) {
-    return single_gate_rnn_gradients(in, d, dev);
-  }
+  static constexpr auto run = &single_gate_rnn_gradients;
+  static constexpr Arg<In> args[] = {{"source_gradient", &In::source_gradient},
+                                     {"z_state", &In::z_state, kZStateHint},
+                                     {"state_gradient", &In::state_gradient}};
   static nb::tuple outputs(const RNNGradients& g) {
     return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state);
   }
 };
 
 struct LstmGradients {
+  using Forward = Lstm;
+  using In = LSTMGradientInputs;
   static constexpr const char* name = "lstm_gradients";
-  using Descriptor = LSTMDescriptor;
-  static constexpr bool descriptor_required = true;
-  static constexpr ArgSpec args[] = {
-      {"source", kReq},
-      {"recurrent_weight", kReq},
-      {"source_gradient", kReq},
-      {"z_state", kReq, kZStateHint},
-      {"cell_output_fwd", kReq,
+  static constexpr auto run = &lstm_gradients;
+  static constexpr Arg<In> args[] = {
+      {"source_gradient", &In::source_gradient},
+      {"z_state", &In::z_state, kZStateHint},
+      {"cell_output_fwd", &In::cell_output_fwd,
        "pass the cell output of the forward run (training=True or produce_cell=True)"},
-      {"state_gradient", kKw},
-      {"cell_gradient", kKw},
-      {"input_weight", kKw},
-      {"bias", kKw},
-      {"init_state", kKw},
-      {"init_cell", kKw},
-      {"mask", kKw},
-      {"peephole", kKw}};
-  static LSTMGradientInputs inputs(const CallArrays& a) {
-    LSTMGradientInputs in;
-    static_cast<LSTMInputs&>(in) = Lstm::inputs(a);
-    in.source_gradient = a.required("source_gradient");
-    in.z_state = a.required("z_state");
-    in.cell_output_fwd = a.required("cell_output_fwd");
-    in.state_gradient = a.optional("state_gradient");
-    in.cell_gradient = a.optional("cell_gradient");
-    return in;
-  }
-  static LSTMGradients run(const LSTMGradientInputs& in, const Descriptor& d, Device dev) {
-    return lstm_gradients(in, d, dev);
-  }
+      {"state_gradient", &In::state_gradient},
+      {"cell_gradient", &In::cell_gradient}};
   static nb::tuple outputs(const LSTMGradients& g) {
     return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.peephole,
                        g.init_state, g.init_cell);
@@ -608,33 +627,15 @@ struct LstmGradients {
 };
 
 struct GruGradients {
+  using Forward = Gru;
+  using In = GRUGradientInputs;
   static constexpr const char* name = "gru_gradients";
-  using Descriptor = GRUDescriptor;
-  static constexpr bool descriptor_required = true;
-  static constexpr ArgSpec args[] = {
-      {"source", kReq},
-      {"recurrent_weight", kReq},
-      {"source_gradient", kReq},
-      {"z_state", kReq, kZStateHint},
-      {"output_fwd", kReq, "pass the state output of the forward run"},
-      {"state_gradient", kKw},
-      {"input_weight", kKw},
-      {"bias", kKw},
-      {"init_state", kKw},
-      {"mask", kKw},
-      {"secondary_bias", kKw}};
-  static GRUGradientInputs inputs(const CallArrays& a) {
-    GRUGradientInputs in;
-    static_cast<GRUInputs&>(in) = Gru::inputs(a);
-    in.source_gradient = a.required("source_gradient");
-    in.z_state = a.required("z_state");
-    in.output_fwd = a.required("output_fwd");
-    in.state_gradient = a.optional("state_gradient");
-    return in;
-  }
-  static GRUGradients run(const GRUGradientInputs& in, const Descriptor& d, Device dev) {
-    return gru_gradients(in, d, dev);
-  }
+  static constexpr auto run = &gru_gradients;
+  static constexpr Arg<In> args[] = {
+      {"source_gradient", &In::source_gradient},
+      {"z_state", &In::z_state, kZStateHint},
+      {"output_fwd", &In::output_fwd, "pass the state output of the forward run"},
+      {"state_gradient", &In::state_gradient}};
   static nb::tuple outputs(const GRUGradients& g) {
     return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state,
                        g.secondary_bias);
