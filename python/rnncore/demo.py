@@ -186,7 +186,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "exit status 0 when every model reaches its target.",
     )
     parser.add_argument(
-        "--device", help="cpu, metal or metal-emulated (default: the best available)"
+        "--device",
+        help=f"one of {', '.join(rnncore.devices())} (default: the best available)",
     )
     parser.add_argument("--model", choices=("gru", "lstm", "both"), default="both")
     parser.add_argument(
