@@ -56,7 +56,9 @@ def main(argv=None):
         "(see python -m rnncore demo --help)",
     )
     sub.add_parser("info", help="print version, devices, BLAS and compiler").set_defaults(func=info)
-    check.add_parser(sub)
+    p_check = sub.add_parser("check", help=check.HELP, description=check.DESCRIPTION)
+    check.add_arguments(p_check)
+    p_check.set_defaults(func=check.run)
     bench.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -435,25 +435,25 @@ def run(args):
     return 0 if ok else 1
 
 
-def add_parser(sub):
-    """Register ``check`` on the command line's subparsers."""
-    p = sub.add_parser(
-        "check",
-        help="compare every operation with the numpy reference on every device",
-        description="Run every operation over a sweep of options and sizes on every "
-        "available device in float32, float64 and float16 (where the device computes them), "
-        "compare with rnncore.reference, print "
-        "a pass/fail table; exit status 1 on any failure.",
-    )
-    p.add_argument(
+HELP = "compare every operation with the numpy reference on every device"
+DESCRIPTION = (
+    "Run every operation over a sweep of options and sizes on every available device in "
+    "float32, float64 and float16 (where the device computes them), compare with "
+    "rnncore.reference, print a pass/fail table; exit status 1 on any failure."
+)
+
+
+def add_arguments(parser):
+    """The options of ``python -m rnncore check`` (run(args) reads them)."""
+    parser.add_argument(
         "--device",
         action="extend",
         nargs="+",
         metavar="NAME",
         help="device(s) to check (default: all of rnncore.devices())",
     )
-    p.add_argument("--quick", action="store_true", help="a smaller sweep")
-    p.add_argument(
+    parser.add_argument("--quick", action="store_true", help="a smaller sweep")
+    parser.add_argument(
         "--op",
         dest="ops",
         action="extend",
@@ -461,6 +461,4 @@ def add_parser(sub):
         metavar="NAME",
         help="only these operations (e.g. gru lstm_gradients)",
     )
-    p.add_argument("--verbose", action="store_true", help="list every failure")
-    p.set_defaults(func=run)
-    return p
+    parser.add_argument("--verbose", action="store_true", help="list every failure")
