@@ -138,10 +138,6 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
   return a;
 }
 
-Array required_array(const char* op, const char* name, nb::handle h, const char* hint = nullptr) {
-  return *array_arg(op, name, h, true, hint);
-}
-
 // "'cpu', 'metal' and 'metal-emulated'": every name parse_device knows, found by walking
 // the Device values after Auto for as long as device_name and parse_device agree.
 std::string known_devices() {
