@@ -1,4 +1,4 @@
-"""The descriptor classes and the Activation enum (spec/api.md, "Python").
+"""The descriptor classes and the Activation enum (docs/api.md, "Python").
 
 Defaults are MPSGraph's; fields are keyword-only in the constructor, readable and
 writable; descriptors compare with ==, have a readable repr, copy and pickle; bad values
@@ -115,6 +115,23 @@ def test_defaults_match_api(cls_name):
             assert type(value) is bool, f"{field}: {type(value)}"
         else:
             assert isinstance(value, A), f"{field}: {type(value)}"
+
+
+@pytest.mark.parametrize("cls_name", CLASSES)
+def test_fields_in_documented_order(cls_name):
+    assert cls_of(cls_name)._fields == tuple(DEFAULTS[cls_name])
+
+
+@pytest.mark.parametrize(("cls_name", "field"), FIELDS)
+def test_every_field_has_a_one_line_docstring(cls_name, field):
+    """help(rnncore.GRUDescriptor.flip_z) says what the field does."""
+    doc = getattr(cls_of(cls_name), field).__doc__
+    assert doc and doc.strip() and "\n" not in doc.strip(), repr(doc)
+
+
+def test_activation_members_have_docstrings():
+    for member in A:
+        assert member.__doc__ and member.name.lower() in member.__doc__
 
 
 @pytest.mark.parametrize("cls_name", CLASSES)

@@ -1,5 +1,5 @@
 """What the wheel ships besides the module: generated type stubs, py.typed, the names of
-api.md, and runnable examples."""
+docs/api.md (and only those in dir(rnncore)), and runnable examples."""
 
 import ast
 import pathlib
@@ -9,29 +9,34 @@ import sys
 import pytest
 
 import rnncore
+from rnncore._ops import KINDS
 
 PKG = pathlib.Path(rnncore.__file__).parent
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples" / "python"
 
-API = [
-    "Activation",
-    "RNNDescriptor",
-    "LSTMDescriptor",
-    "GRUDescriptor",
-    "single_gate_rnn",
-    "lstm",
-    "gru",
-    "single_gate_rnn_gradients",
-    "lstm_gradients",
-    "gru_gradients",
-    "devices",
-]
+# Per kind: the descriptor, the forward and gradient functions and their result types.
+API = ["Activation", "devices"]
+for _k in KINDS.values():
+    API += [_k.descriptor, _k.forward, _k.gradients]
+    API += [_k.result.__name__, _k.gradient_result.__name__]
 
 
 def test_api_names_exist():
     missing = [name for name in API if not hasattr(rnncore, name)]
     assert not missing
     assert set(API) <= set(rnncore.__all__)
+
+
+def test_dir_shows_only_the_public_api():
+    assert dir(rnncore) == sorted(rnncore.__all__)
+    for private in ("_core", "_ops", "np", "NamedTuple", "Optional", "ArrayLike"):
+        assert private not in dir(rnncore)
+
+
+def test_results_are_the_ops_types():
+    for k in KINDS.values():
+        assert getattr(rnncore, k.result.__name__) is k.result
+        assert getattr(rnncore, k.gradient_result.__name__) is k.gradient_result
 
 
 def test_stubs_are_shipped_and_describe_the_module():

@@ -5,9 +5,9 @@ function here takes numpy (or any buffer-protocol / DLPack CPU) arrays and retur
 arrays. The work is done by the compiled module ``rnncore._core``.
 """
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
-import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _core
 from ._core import (
@@ -20,6 +20,14 @@ from ._core import (
     devices,
     num_threads,
     set_num_threads,
+)
+from ._ops import (
+    GRUGradients,
+    GRUResult,
+    LSTMGradients,
+    LSTMResult,
+    RNNGradients,
+    RNNResult,
 )
 
 __all__ = [
@@ -47,29 +55,24 @@ __all__ = [
 ]
 
 
-class RNNResult(NamedTuple):
-    state: np.ndarray
-    z_state: Optional[np.ndarray]
+def __dir__():
+    # The public API only: not the imports above nor the private modules.
+    return list(__all__)
 
 
-class LSTMResult(NamedTuple):
-    state: np.ndarray
-    cell: Optional[np.ndarray]
-    z_state: Optional[np.ndarray]
-
-
-class GRUResult(NamedTuple):
-    state: np.ndarray
-    z_state: Optional[np.ndarray]
+def _call(name: str, result: type, args: dict):
+    """Run ``_core.<name>`` with a wrapper's arguments (its ``locals()``, all by keyword)
+    and wrap the tuple it returns in the named result type."""
+    return result(*getattr(_core, name)(**args))
 
 
 def single_gate_rnn(
-    source,
-    recurrent_weight,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    mask=None,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
     *,
     descriptor: Optional[RNNDescriptor] = None,
     device: Optional[str] = None,
@@ -81,29 +84,18 @@ def single_gate_rnn(
     init_state [N, D*H], mask broadcastable to [N, D*H]. Returns state [T, N, D*H] and,
     when ``descriptor.training``, z_state (the pre-activations).
     """
-    return RNNResult(
-        *_core.single_gate_rnn(
-            source,
-            recurrent_weight,
-            input_weight,
-            bias,
-            init_state,
-            mask,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
+    return _call("single_gate_rnn", RNNResult, locals())
 
 
 def lstm(
-    source,
-    recurrent_weight,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    init_cell=None,
-    mask=None,
-    peephole=None,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    init_cell: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    peephole: Optional[ArrayLike] = None,
     *,
     descriptor: Optional[LSTMDescriptor] = None,
     device: Optional[str] = None,
@@ -115,30 +107,17 @@ def lstm(
     broadcastable to [N, D*H], peephole [4H] (or [2, 4H]). Returns state, cell (with
     produce_cell or training) and z_state (with training, [T, N, D*4H]).
     """
-    return LSTMResult(
-        *_core.lstm(
-            source,
-            recurrent_weight,
-            input_weight,
-            bias,
-            init_state,
-            init_cell,
-            mask,
-            peephole,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
+    return _call("lstm", LSTMResult, locals())
 
 
 def gru(
-    source,
-    recurrent_weight,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    mask=None,
-    secondary_bias=None,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    secondary_bias: Optional[ArrayLike] = None,
     *,
     descriptor: Optional[GRUDescriptor] = None,
     device: Optional[str] = None,
@@ -150,59 +129,20 @@ def gru(
     [N, D*H], secondary_bias [D*H] (used with reset_after). Returns state and, with
     training, z_state ([T, N, D*3H], or [T, N, D*4H] with reset_after).
     """
-    return GRUResult(
-        *_core.gru(
-            source,
-            recurrent_weight,
-            input_weight,
-            bias,
-            init_state,
-            mask,
-            secondary_bias,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
-
-
-class RNNGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: Optional[np.ndarray]
-    bias: Optional[np.ndarray]
-    init_state: Optional[np.ndarray]
-
-
-class LSTMGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: Optional[np.ndarray]
-    bias: Optional[np.ndarray]
-    peephole: Optional[np.ndarray]
-    init_state: Optional[np.ndarray]
-    init_cell: Optional[np.ndarray]
-
-
-class GRUGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: Optional[np.ndarray]
-    bias: Optional[np.ndarray]
-    init_state: Optional[np.ndarray]
-    secondary_bias: Optional[np.ndarray]
+    return _call("gru", GRUResult, locals())
 
 
 def single_gate_rnn_gradients(
-    source,
-    recurrent_weight,
-    source_gradient,
-    z_state,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    source_gradient: ArrayLike,
+    z_state: ArrayLike,
     *,
-    state_gradient=None,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    mask=None,
+    state_gradient: Optional[ArrayLike] = None,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
     descriptor: RNNDescriptor,
     device: Optional[str] = None,
 ) -> RNNGradients:
@@ -214,38 +154,24 @@ def single_gate_rnn_gradients(
     is an extra gradient into each direction's final state. Returns the gradient of every
     input that was given (None for the others), each in that input's shape.
     """
-    return RNNGradients(
-        *_core.single_gate_rnn_gradients(
-            source,
-            recurrent_weight,
-            source_gradient,
-            z_state,
-            state_gradient=state_gradient,
-            input_weight=input_weight,
-            bias=bias,
-            init_state=init_state,
-            mask=mask,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
+    return _call("single_gate_rnn_gradients", RNNGradients, locals())
 
 
 def lstm_gradients(
-    source,
-    recurrent_weight,
-    source_gradient,
-    z_state,
-    cell_output_fwd,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    source_gradient: ArrayLike,
+    z_state: ArrayLike,
+    cell_output_fwd: ArrayLike,
     *,
-    state_gradient=None,
-    cell_gradient=None,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    init_cell=None,
-    mask=None,
-    peephole=None,
+    state_gradient: Optional[ArrayLike] = None,
+    cell_gradient: Optional[ArrayLike] = None,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    init_cell: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    peephole: Optional[ArrayLike] = None,
     descriptor: LSTMDescriptor,
     device: Optional[str] = None,
 ) -> LSTMGradients:
@@ -255,40 +181,22 @@ def lstm_gradients(
     [N, D*H] or dL/d(c[t]) for every step [T, N, D*H]. See
     :func:`single_gate_rnn_gradients` for the other arguments.
     """
-    return LSTMGradients(
-        *_core.lstm_gradients(
-            source,
-            recurrent_weight,
-            source_gradient,
-            z_state,
-            cell_output_fwd,
-            state_gradient=state_gradient,
-            cell_gradient=cell_gradient,
-            input_weight=input_weight,
-            bias=bias,
-            init_state=init_state,
-            init_cell=init_cell,
-            mask=mask,
-            peephole=peephole,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
+    return _call("lstm_gradients", LSTMGradients, locals())
 
 
 def gru_gradients(
-    source,
-    recurrent_weight,
-    source_gradient,
-    z_state,
-    output_fwd,
+    source: ArrayLike,
+    recurrent_weight: ArrayLike,
+    source_gradient: ArrayLike,
+    z_state: ArrayLike,
+    output_fwd: ArrayLike,
     *,
-    state_gradient=None,
-    input_weight=None,
-    bias=None,
-    init_state=None,
-    mask=None,
-    secondary_bias=None,
+    state_gradient: Optional[ArrayLike] = None,
+    input_weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    init_state: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+    secondary_bias: Optional[ArrayLike] = None,
     descriptor: GRUDescriptor,
     device: Optional[str] = None,
 ) -> GRUGradients:
@@ -297,20 +205,4 @@ def gru_gradients(
     output_fwd is the forward state output. See :func:`single_gate_rnn_gradients` for the
     other arguments; secondary_bias gets zeros when ``reset_after`` is false.
     """
-    return GRUGradients(
-        *_core.gru_gradients(
-            source,
-            recurrent_weight,
-            source_gradient,
-            z_state,
-            output_fwd,
-            state_gradient=state_gradient,
-            input_weight=input_weight,
-            bias=bias,
-            init_state=init_state,
-            mask=mask,
-            secondary_bias=secondary_bias,
-            descriptor=descriptor,
-            device=device,
-        )
-    )
+    return _call("gru_gradients", GRUGradients, locals())

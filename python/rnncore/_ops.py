@@ -9,49 +9,53 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
+
+# A result array: float32, float64 or float16, as the inputs.
+Array = NDArray[np.floating]
 
 
 class RNNResult(NamedTuple):
-    state: np.ndarray
-    z_state: np.ndarray | None
+    state: Array
+    z_state: Array | None
 
 
 class LSTMResult(NamedTuple):
-    state: np.ndarray
-    cell: np.ndarray | None
-    z_state: np.ndarray | None
+    state: Array
+    cell: Array | None
+    z_state: Array | None
 
 
 class GRUResult(NamedTuple):
-    state: np.ndarray
-    z_state: np.ndarray | None
+    state: Array
+    z_state: Array | None
 
 
 class RNNGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    init_state: np.ndarray | None
+    source: Array
+    recurrent_weight: Array
+    input_weight: Array | None
+    bias: Array | None
+    init_state: Array | None
 
 
 class LSTMGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    peephole: np.ndarray | None
-    init_state: np.ndarray | None
-    init_cell: np.ndarray | None
+    source: Array
+    recurrent_weight: Array
+    input_weight: Array | None
+    bias: Array | None
+    peephole: Array | None
+    init_state: Array | None
+    init_cell: Array | None
 
 
 class GRUGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    init_state: np.ndarray | None
-    secondary_bias: np.ndarray | None
+    source: Array
+    recurrent_weight: Array
+    input_weight: Array | None
+    bias: Array | None
+    init_state: Array | None
+    secondary_bias: Array | None
 
 
 class Kind(NamedTuple):

@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 import numpy as np
+from tqdm import tqdm
 
 import rnncore
 
@@ -141,13 +142,6 @@ def evaluate(model, x, y):
     return float(np.mean((pred - y) ** 2)), float(np.mean(np.abs(pred - y) < TOLERANCE))
 
 
-def progress(epoch, done, total, loss, width=30):
-    """A progress bar on one terminal line, redrawn in place."""
-    bar = "#" * (width * done // total) + "." * (width - width * done // total)
-    sys.stderr.write(f"\r  epoch {epoch} [{bar}] {done}/{total}  loss {loss:.4f} ")
-    sys.stderr.flush()
-
-
 def train(kind, args, device_name):
     """Train one model; returns (passed, summary line)."""
     name = kind.upper()
@@ -156,17 +150,16 @@ def train(kind, args, device_name):
     test_x, test_y = adding_problem(rng, 1000, args.length)
     model = Model(kind, rng, args.device)
     optimizer = Adam(model.params)
-    bar = sys.stderr.isatty()  # otherwise just the line per epoch
     first_loss, accuracy = evaluate(model, test_x, test_y)
     print(f"{name}: epoch 0  test loss {first_loss:.4f}  accuracy {accuracy:.1%}")
     for epoch in range(1, args.epochs + 1):
-        for step in range(1, args.steps + 1):
+        # A bar on stderr while the epoch runs, only on a terminal (disable=None); the
+        # line per epoch below is the output.
+        steps = tqdm(range(args.steps), desc=f"  epoch {epoch}", leave=False, disable=None)
+        for _ in steps:
             loss, grads = model.loss_and_gradients(*adding_problem(rng, BATCH, args.length))
             optimizer.step(grads)
-            if bar:
-                progress(epoch, step, args.steps, loss)
-        if bar:
-            sys.stderr.write("\r" + " " * 72 + "\r")
+            steps.set_postfix(loss=f"{loss:.4f}", refresh=False)
         loss, accuracy = evaluate(model, test_x, test_y)
         elapsed = time.perf_counter() - start
         print(
@@ -193,7 +186,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "exit status 0 when every model reaches its target.",
     )
     parser.add_argument(
-        "--device", help="cpu, metal or metal-emulated (default: the best available)"
+        "--device",
+        help=f"one of {', '.join(rnncore.devices())} (default: the best available)",
     )
     parser.add_argument("--model", choices=("gru", "lstm", "both"), default="both")
     parser.add_argument(

@@ -7,7 +7,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
+#include <cctype>
+#include <iterator>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "rnncore/rnncore.hpp"
@@ -130,8 +138,24 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
   return a;
 }
 
-Array required_array(const char* op, const char* name, nb::handle h, const char* hint = nullptr) {
-  return *array_arg(op, name, h, true, hint);
+// "'cpu', 'metal' and 'metal-emulated'": every name parse_device knows, found by walking
+// the Device values after Auto for as long as device_name and parse_device agree.
+std::string known_devices() {
+  std::vector<std::string> names;
+  for (int i = static_cast<int>(Device::Auto) + 1;; ++i) {
+    const auto d = static_cast<Device>(i);
+    const std::string name = device_name(d);
+    try {
+      if (parse_device(name) != d) break;
+    } catch (const ValueError&) {
+      break;
+    }
+    names.push_back("'" + name + "'");
+  }
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return s;
 }
 
 Device device_arg(const char* op, nb::handle h) {
@@ -142,9 +166,8 @@ Device device_arg(const char* op, nb::handle h) {
   const std::string name = nb::cast<std::string>(h);
   // None means the default device; an empty name is a mistake, not another spelling of it.
   if (name.empty())
-    throw ValueError(std::string("[") + op +
-                     "] unknown device ''; known devices are 'cpu', 'metal' and "
-                     "'metal-emulated' (None for the default)");
+    throw ValueError(std::string("[") + op + "] unknown device ''; known devices are " +
+                     known_devices() + " (None for the default)");
   try {
     return parse_device(name);
   } catch (const ValueError& e) {
@@ -156,7 +179,8 @@ Device device_arg(const char* op, nb::handle h) {
 // The descriptor argument: None means the defaults for a forward op and is refused for a
 // gradient op (the defaults would give the gradients of another operation).
 template <class D>
-D descriptor_arg(const char* op, const char* cls, nb::handle h, bool required) {
+D descriptor_arg(const char* op, nb::handle h, bool required) {
+  const char* cls = DescriptorTraits<D>::name;
   if (h.is_none()) {
     if (!required) return D{};
     throw TypeError(std::string("[") + op + "] descriptor is required: pass the " + cls +
@@ -169,58 +193,23 @@ D descriptor_arg(const char* op, const char* cls, nb::handle h, bool required) {
 }
 
 // ---- descriptors ----------------------------------------------------------------------
+// Everything here walks DescriptorTraits<D>::fields and kActivations (descriptors.hpp):
+// a new field or activation needs nothing in this file.
 
 template <class D>
-struct Field {
-  const char* name;
-  bool D::*flag;
-  Activation D::*act;
-};
-
-template <class D>
-const std::vector<Field<D>>& fields();
-
-template <>
-const std::vector<Field<RNNDescriptor>>& fields() {
-  using D = RNNDescriptor;
-  static const std::vector<Field<D>> f = {{"reverse", &D::reverse, nullptr},
-                                          {"bidirectional", &D::bidirectional, nullptr},
-                                          {"training", &D::training, nullptr},
-                                          {"activation", nullptr, &D::activation}};
-  return f;
+const auto& fields() {
+  return DescriptorTraits<D>::fields;
 }
 
-template <>
-const std::vector<Field<LSTMDescriptor>>& fields() {
-  using D = LSTMDescriptor;
-  static const std::vector<Field<D>> f = {
-      {"reverse", &D::reverse, nullptr},
-      {"bidirectional", &D::bidirectional, nullptr},
-      {"produce_cell", &D::produce_cell, nullptr},
-      {"training", &D::training, nullptr},
-      {"forget_gate_last", &D::forget_gate_last, nullptr},
-      {"input_gate_activation", nullptr, &D::input_gate_activation},
-      {"forget_gate_activation", nullptr, &D::forget_gate_activation},
-      {"cell_gate_activation", nullptr, &D::cell_gate_activation},
-      {"output_gate_activation", nullptr, &D::output_gate_activation},
-      {"activation", nullptr, &D::activation}};
-  return f;
-}
+// "0..4", for messages.
+std::string activation_range() { return "0.." + std::to_string(kActivationCount - 1); }
 
-template <>
-const std::vector<Field<GRUDescriptor>>& fields() {
-  using D = GRUDescriptor;
-  static const std::vector<Field<D>> f = {
-      {"reverse", &D::reverse, nullptr},
-      {"bidirectional", &D::bidirectional, nullptr},
-      {"training", &D::training, nullptr},
-      {"reset_gate_first", &D::reset_gate_first, nullptr},
-      {"reset_after", &D::reset_after, nullptr},
-      {"flip_z", &D::flip_z, nullptr},
-      {"update_gate_activation", nullptr, &D::update_gate_activation},
-      {"reset_gate_activation", nullptr, &D::reset_gate_activation},
-      {"output_gate_activation", nullptr, &D::output_gate_activation}};
-  return f;
+// The Python member name: "HARD_SIGMOID" for "hard_sigmoid".
+std::string member_name(Activation a) {
+  if (!is_valid(a)) return "?";
+  std::string s = activation_name(a);
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
 }
 
 bool is_numpy_bool(nb::handle v) {
@@ -233,8 +222,8 @@ bool is_numpy_bool(nb::handle v) {
 }
 
 template <class D>
-void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
-  const std::string where = std::string(cls) + "." + f.name;
+void set_field(D& d, const Field<D>& f, nb::handle v) {
+  const std::string where = std::string(DescriptorTraits<D>::name) + "." + f.name;
   if (f.flag) {
     // bool or numpy.bool_; ints are refused so that a misplaced activation is caught.
     if (PyBool_Check(v.ptr())) {
@@ -249,7 +238,7 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
                     nb::cast<std::string>(nb::type_name(v.type())));
   }
   if (nb::isinstance<Activation>(v)) {
-    d.*f.act = nb::cast<Activation>(v);
+    d.*f.activation = nb::cast<Activation>(v);
     return;
   }
   if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
@@ -258,20 +247,21 @@ void set_field(const char* cls, D& d, const Field<D>& f, nb::handle v) {
     if (!index.is_valid()) throw nb::python_error();
     int overflow = 0;
     const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-    if (overflow || x < 0 || x > 4)
-      throw ValueError(where + " must be an Activation (0..4) but got " + text(index));
-    d.*f.act = static_cast<Activation>(x);
+    if (overflow || x < 0 || x >= kActivationCount)
+      throw ValueError(where + " must be an Activation (" + activation_range() + ") but got " +
+                       text(index));
+    d.*f.activation = static_cast<Activation>(x);
     return;
   }
-  throw TypeError(where + " must be an rnncore.Activation or an int in 0..4 but got " +
-                  nb::cast<std::string>(nb::type_name(v.type())));
+  throw TypeError(where + " must be an rnncore.Activation or an int in " + activation_range() +
+                  " but got " + nb::cast<std::string>(nb::type_name(v.type())));
 }
 
 template <class D>
-std::string signature(const char* cls) {
+std::string signature() {
   std::string s = "def __init__(self, *";
+  const D def{};
   for (const auto& f : fields<D>()) {
-    D def;
     s += std::string(", ") + f.name;
     if (f.flag)
       s += std::string(": bool = ") + (def.*f.flag ? "True" : "False");
@@ -279,40 +269,28 @@ std::string signature(const char* cls) {
       // Stub convention for a non-literal default; the docstring names the value.
       s += ": Activation | int = ...";
   }
-  (void)cls;
   return s + ") -> None";
 }
 
-const char* act_enum_name(Activation a) {
-  switch (a) {
-    case Activation::None: return "NONE";
-    case Activation::Relu: return "RELU";
-    case Activation::Tanh: return "TANH";
-    case Activation::Sigmoid: return "SIGMOID";
-    case Activation::HardSigmoid: return "HARD_SIGMOID";
-  }
-  return "?";
-}
-
 template <class D>
-std::string repr_of(const char* cls, const D& d) {
-  std::string s = std::string(cls) + "(";
+std::string repr_of(const D& d) {
+  std::string s = std::string(DescriptorTraits<D>::name) + "(";
   bool first = true;
   for (const auto& f : fields<D>()) {
     if (!first) s += ", ";
     first = false;
     s += std::string(f.name) + "=";
-    s += f.flag ? (d.*f.flag ? "True" : "False")
-                : std::string("Activation.") + act_enum_name(d.*f.act);
+    s += f.flag ? (d.*f.flag ? "True" : "False") : "Activation." + member_name(d.*f.activation);
   }
   return s + ")";
 }
 
 template <class D>
-void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
-  static const std::string sig = signature<D>(cls);
+void bind_descriptor(nb::module_& m, const char* doc) {
+  const char* cls = DescriptorTraits<D>::name;
+  static const std::string sig = signature<D>();
   static const std::string full_doc =
-      std::string(doc) + "\n\nMPSGraph's defaults: " + repr_of(cls, D{}) + ".";
+      std::string(doc) + "\n\nMPSGraph's defaults: " + repr_of(D{}) + ".";
   nb::class_<D> c(m, cls, full_doc.c_str());
   c.def(
       "__init__",
@@ -326,7 +304,7 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
           bool found = false;
           for (const auto& f : fields<D>())
             if (key == f.name) {
-              set_field(cls, *self, f, v);
+              set_field(*self, f, v);
               found = true;
             }
           if (!found)
@@ -336,19 +314,18 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       },
       nb::sig(sig.c_str()));
   for (const auto& f : fields<D>()) {
+    static std::vector<std::string> setter_sigs;  // nanobind keeps the pointer
+    setter_sigs.push_back(std::string("def ") + f.name +
+                          "(self, arg: " + (f.flag ? "bool" : "Activation | int") + ", /) -> None");
+    auto set = [f](D& d, nb::handle v) { set_field(d, f, v); };
     if (f.flag)
       c.def_prop_rw(
-          f.name, [f](const D& d) { return d.*f.flag; },
-          [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(
-              nb::sig((std::string("def ") + f.name + "(self, arg: bool, /) -> None").c_str())));
+          f.name, [f](const D& d) { return d.*f.flag; }, set, nb::for_getter(f.doc),
+          nb::for_setter(nb::sig(setter_sigs.back().c_str())));
     else
       c.def_prop_rw(
-          f.name, [f](const D& d) { return d.*f.act; },
-          [f, cls](D& d, nb::handle v) { set_field(cls, d, f, v); },
-          nb::for_setter(
-              nb::sig((std::string("def ") + f.name + "(self, arg: Activation | int, /) -> None")
-                          .c_str())));
+          f.name, [f](const D& d) { return d.*f.activation; }, set, nb::for_getter(f.doc),
+          nb::for_setter(nb::sig(setter_sigs.back().c_str())));
   }
   c.def(
       "__eq__",
@@ -365,7 +342,7 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
   nb::list names;
   for (const auto& f : fields<D>()) names.append(f.name);
   c.attr("_fields") = nb::tuple(names);
-  c.def("__repr__", [cls](const D& d) { return repr_of(cls, d); });
+  c.def("__repr__", [](const D& d) { return repr_of(d); });
   c.def("__copy__", [](const D& d) { return D(d); });
   c.def(
       "__deepcopy__", [](const D& d, nb::handle) { return D(d); }, "memo"_a);
@@ -375,23 +352,291 @@ void bind_descriptor(nb::module_& m, const char* cls, const char* doc) {
       if (f.flag)
         state.append(d.*f.flag);
       else
-        state.append(static_cast<int>(d.*f.act));
+        state.append(static_cast<int>(d.*f.activation));
     return nb::tuple(state);
   });
   c.def("__setstate__", [cls](D& d, nb::handle h) {
-    const auto& fs = fields<D>();
+    const size_t n = std::size(fields<D>());
     if (!nb::isinstance<nb::tuple>(h))
-      throw TypeError(std::string(cls) + ".__setstate__ takes a tuple of " +
-                      std::to_string(fs.size()) + " fields but got " + type_name_of(h));
+      throw TypeError(std::string(cls) + ".__setstate__ takes a tuple of " + std::to_string(n) +
+                      " fields but got " + type_name_of(h));
     const nb::tuple state = nb::borrow<nb::tuple>(h);
-    if (state.size() != fs.size())
-      throw ValueError(std::string(cls) + ".__setstate__ takes a tuple of " +
-                       std::to_string(fs.size()) + " fields but got " +
-                       std::to_string(state.size()));
+    if (state.size() != n)
+      throw ValueError(std::string(cls) + ".__setstate__ takes a tuple of " + std::to_string(n) +
+                       " fields but got " + std::to_string(state.size()));
     new (&d) D();
-    for (size_t i = 0; i < fs.size(); ++i) set_field(cls, d, fs[i], state[i]);
+    for (size_t i = 0; i < n; ++i) set_field(d, fields<D>()[i], state[i]);
   });
 }
+
+void bind_activation(nb::module_& m) {
+  static const std::string doc =
+      "Gate activations of the contract's table (values " + activation_range() + ").";
+  static std::vector<std::string> texts;  // names and docstrings, kept for nanobind
+  texts.reserve(2 * std::size(kActivations));
+  nb::enum_<Activation> e(m, "Activation", nb::is_arithmetic(), doc.c_str());
+  for (const auto& a : kActivations) {
+    texts.push_back(member_name(a.value));
+    const char* name = texts.back().c_str();
+    texts.push_back(std::string(a.name) + ": f(x) = " + a.formula);
+    e.value(name, a.value, texts.back().c_str());
+  }
+}
+
+// ---- operations -----------------------------------------------------------------------
+// Each operation is an Op type: its name, the C++ function, its arrays as members of the
+// inputs struct (in the struct's order) and its results as a tuple. A gradient Op names
+// its Forward and lists only its own arrays: it takes the forward's required arrays first,
+// then its own, then the forward's optional ones as keywords. def_op binds one; every
+// argument arrives as an object so that a wrong one gets a message naming the operation
+// and the argument rather than nanobind's overload dump.
+
+// One array of an operation: a member of its inputs struct; required when a TensorView.
+template <class In>
+struct Arg {
+  const char* name;
+  TensorView In::*required = nullptr;
+  std::optional<TensorView> In::*optional = nullptr;
+  const char* hint = nullptr;  // after "is required: " when a required array is None
+
+  constexpr Arg() : name(nullptr) {}
+  constexpr Arg(const char* n, TensorView In::*m, const char* h = nullptr)
+      : name(n), required(m), hint(h) {}
+  constexpr Arg(const char* n, std::optional<TensorView> In::*m) : name(n), optional(m) {}
+};
+
+enum class Role { Required, Optional, KeywordOnly };  // KeywordOnly arrays are optional
+
+// An array argument as Python sees it.
+struct PyArg {
+  const char* name = nullptr;
+  Role role = Role::Required;
+  const char* hint = nullptr;
+};
+
+template <class In>
+constexpr PyArg py_arg(const Arg<In>& a, bool keyword) {
+  return {a.name,
+          a.required ? Role::Required
+          : keyword  ? Role::KeywordOnly
+                     : Role::Optional,
+          a.hint};
+}
+
+template <class Op, class = void>
+struct IsGradient : std::false_type {};
+template <class Op>
+struct IsGradient<Op, std::void_t<typename Op::Forward>> : std::true_type {};
+
+// The Op's array arguments in Python's order.
+template <class Op>
+constexpr auto py_args() {
+  if constexpr (IsGradient<Op>::value) {
+    constexpr size_t nf = std::size(Op::Forward::args), n = std::size(Op::args);
+    std::array<PyArg, nf + n> r{};
+    for (size_t i = 0; i < nf + n; ++i)
+      r[i] = i < 2       ? py_arg(Op::Forward::args[i], false)
+             : i < 2 + n ? py_arg(Op::args[i - 2], true)
+                         : py_arg(Op::Forward::args[i - n], true);
+    return r;
+  } else {
+    std::array<PyArg, std::size(Op::args)> r{};
+    for (size_t i = 0; i < r.size(); ++i) r[i] = py_arg(Op::args[i], false);
+    return r;
+  }
+}
+
+// The arrays of one call, read (as arrays) in Python's order; views are made from them
+// in the inputs struct's order, which is the order of the dtype checks.
+class CallArrays {
+ public:
+  CallArrays(const char* op, const PyArg* specs, const nb::handle* handles, size_t n)
+      : op_(op), specs_(specs), n_(n) {
+    for (size_t i = 0; i < n; ++i)
+      arrays_.push_back(
+          array_arg(op, specs[i].name, handles[i], specs[i].role == Role::Required, specs[i].hint));
+  }
+  // Sets the members of `in` that `args` (Arg<In>s) name.
+  template <class In, class Args>
+  void fill(In& in, const Args& args) const {
+    for (const auto& a : args)
+      if (a.required)
+        in.*a.required = view(op_, a.name, *find(a.name));
+      else
+        in.*a.optional = view(op_, a.name, find(a.name));
+  }
+
+ private:
+  const OptArray& find(const char* name) const {
+    for (size_t i = 0; i < n_; ++i)
+      if (std::string_view(specs_[i].name) == name) return arrays_[i];
+    throw std::logic_error(std::string("no argument ") + name);
+  }
+  const char* op_;
+  const PyArg* specs_;
+  size_t n_;
+  std::vector<OptArray> arrays_;
+};
+
+template <class Op, class In>
+void fill_inputs(const CallArrays& a, In& in) {
+  if constexpr (IsGradient<Op>::value)
+    fill_inputs<typename Op::Forward>(a, static_cast<typename Op::Forward::In&>(in));
+  a.fill(in, Op::args);
+}
+
+template <class F>
+struct Signature;
+template <class R, class In, class D>
+struct Signature<R (*)(const In&, const D&, Device)> {
+  using Result = R;
+  using Descriptor = D;
+};
+
+template <class... T>
+nb::tuple numpy_tuple(const T&... t) {
+  return nb::make_tuple(to_numpy(t)...);
+}
+
+template <class Op, size_t I>
+auto arg_annotation() {
+  constexpr auto args = py_args<Op>();
+  constexpr PyArg spec = args[I];
+  if constexpr (spec.role == Role::Required)
+    return std::make_tuple(nb::arg(spec.name).none());
+  else if constexpr (spec.role == Role::KeywordOnly &&
+                     (I == 0 || args[I - 1].role != Role::KeywordOnly))
+    return std::make_tuple(nb::kw_only(), nb::arg(spec.name).none() = nb::none());
+  else
+    return std::make_tuple(nb::arg(spec.name).none() = nb::none());
+}
+
+template <size_t>
+using Handle = nb::handle;
+
+template <class Op, size_t... I>
+void def_op(nb::module_& m, std::index_sequence<I...>) {
+  static constexpr auto args = py_args<Op>();
+  auto kw = [] {
+    if constexpr (IsGradient<Op>::value)  // the gradient's own optional arrays start them
+      return std::make_tuple();
+    else
+      return std::make_tuple(nb::kw_only());
+  };
+  auto annotations = std::tuple_cat(
+      arg_annotation<Op, I>()..., kw(),
+      std::make_tuple("descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none()));
+  auto fn = [](Handle<I>... arrays, nb::handle descriptor, nb::handle device) {
+    using S = Signature<std::remove_const_t<decltype(Op::run)>>;
+    const nb::handle handles[] = {arrays...};
+    const CallArrays a(Op::name, args.data(), handles, args.size());
+    const auto desc =
+        descriptor_arg<typename S::Descriptor>(Op::name, descriptor, IsGradient<Op>::value);
+    const Device dev = device_arg(Op::name, device);
+    typename Op::In in;
+    fill_inputs<Op>(a, in);
+    typename S::Result res;
+    {
+      nb::gil_scoped_release release;
+      res = Op::run(in, desc, dev);
+    }
+    return Op::outputs(res);
+  };
+  std::apply([&](const auto&... extra) { m.def(Op::name, fn, extra...); }, annotations);
+}
+
+template <class Op>
+void def_op(nb::module_& m) {
+  def_op<Op>(m, std::make_index_sequence<py_args<Op>().size()>());
+}
+
+// A forward op's arrays: every inputs struct starts with these five, then `rest`.
+template <class In, size_t N>
+constexpr std::array<Arg<In>, 5 + N> forward_args(const Arg<In> (&rest)[N]) {
+  std::array<Arg<In>, 5 + N> r{};
+  r[0] = {"source", &In::source};
+  r[1] = {"recurrent_weight", &In::recurrent_weight};
+  r[2] = {"input_weight", &In::input_weight};
+  r[3] = {"bias", &In::bias};
+  r[4] = {"init_state", &In::init_state};
+  for (size_t i = 0; i < N; ++i) r[5 + i] = rest[i];
+  return r;
+}
+
+constexpr const char* kZStateHint = "run the forward with descriptor.training=True";
+
+struct SingleGateRnn {
+  using In = RNNInputs;
+  static constexpr const char* name = "single_gate_rnn";
+  static constexpr auto run = &single_gate_rnn;
+  static constexpr auto args = forward_args<In>({{"mask", &In::mask}});
+  static nb::tuple outputs(const RNNResults& r) { return numpy_tuple(r.state, r.z_state); }
+};
+
+struct Lstm {
+  using In = LSTMInputs;
+  static constexpr const char* name = "lstm";
+  static constexpr auto run = &lstm;
+  static constexpr auto args = forward_args<In>(
+      {{"init_cell", &In::init_cell}, {"mask", &In::mask}, {"peephole", &In::peephole}});
+  static nb::tuple outputs(const LSTMResults& r) { return numpy_tuple(r.state, r.cell, r.z_state); }
+};
+
+struct Gru {
+  using In = GRUInputs;
+  static constexpr const char* name = "gru";
+  static constexpr auto run = &gru;
+  static constexpr auto args =
+      forward_args<In>({{"mask", &In::mask}, {"secondary_bias", &In::secondary_bias}});
+  static nb::tuple outputs(const GRUResults& r) { return numpy_tuple(r.state, r.z_state); }
+};
+
+struct SingleGateRnnGradients {
+  using Forward = SingleGateRnn;
+  using In = RNNGradientInputs;
+  static constexpr const char* name = "single_gate_rnn_gradients";
+  static constexpr auto run = &single_gate_rnn_gradients;
+  static constexpr Arg<In> args[] = {{"source_gradient", &In::source_gradient},
+                                     {"z_state", &In::z_state, kZStateHint},
+                                     {"state_gradient", &In::state_gradient}};
+  static nb::tuple outputs(const RNNGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state);
+  }
+};
+
+struct LstmGradients {
+  using Forward = Lstm;
+  using In = LSTMGradientInputs;
+  static constexpr const char* name = "lstm_gradients";
+  static constexpr auto run = &lstm_gradients;
+  static constexpr Arg<In> args[] = {
+      {"source_gradient", &In::source_gradient},
+      {"z_state", &In::z_state, kZStateHint},
+      {"cell_output_fwd", &In::cell_output_fwd,
+       "pass the cell output of the forward run (training=True or produce_cell=True)"},
+      {"state_gradient", &In::state_gradient},
+      {"cell_gradient", &In::cell_gradient}};
+  static nb::tuple outputs(const LSTMGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.peephole,
+                       g.init_state, g.init_cell);
+  }
+};
+
+struct GruGradients {
+  using Forward = Gru;
+  using In = GRUGradientInputs;
+  static constexpr const char* name = "gru_gradients";
+  static constexpr auto run = &gru_gradients;
+  static constexpr Arg<In> args[] = {
+      {"source_gradient", &In::source_gradient},
+      {"z_state", &In::z_state, kZStateHint},
+      {"output_fwd", &In::output_fwd, "pass the state output of the forward run"},
+      {"state_gradient", &In::state_gradient}};
+  static nb::tuple outputs(const GRUGradients& g) {
+    return numpy_tuple(g.source, g.recurrent_weight, g.input_weight, g.bias, g.init_state,
+                       g.secondary_bias);
+  }
+};
 
 }  // namespace
 }  // namespace rnncore::python
@@ -415,18 +660,10 @@ NB_MODULE(_core, m) {
     }
   });
 
-  nb::enum_<Activation>(m, "Activation", nb::is_arithmetic(),
-                        "Gate activations of the contract's table (values 0..4).")
-      .value("NONE", Activation::None)
-      .value("RELU", Activation::Relu)
-      .value("TANH", Activation::Tanh)
-      .value("SIGMOID", Activation::Sigmoid)
-      .value("HARD_SIGMOID", Activation::HardSigmoid);
-
-  bind_descriptor<RNNDescriptor>(m, "RNNDescriptor", "Single-gate RNN descriptor.");
-  bind_descriptor<LSTMDescriptor>(m, "LSTMDescriptor", "LSTM descriptor.");
-  bind_descriptor<GRUDescriptor>(m, "GRUDescriptor", "GRU descriptor.");
-
+  bind_activation(m);
+  bind_descriptor<RNNDescriptor>(m, "Single-gate RNN descriptor.");
+  bind_descriptor<LSTMDescriptor>(m, "LSTM descriptor.");
+  bind_descriptor<GRUDescriptor>(m, "GRU descriptor.");
   m.def("devices", &available_devices, "The devices this build can run here, best first.");
   m.def("build_info", [] {
     BuildInfo b = build_info();
@@ -459,229 +696,10 @@ NB_MODULE(_core, m) {
   m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
   m.attr("__version__") = version();
 
-  // Every argument arrives as an object so that a wrong one gets a message naming the
-  // operation and the argument rather than nanobind's overload dump.
-  using H = nb::handle;
-  m.def(
-      "single_gate_rnn",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask, H descriptor,
-         H device) {
-        const char* op = "single_gate_rnn";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false);
-        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        RNNInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
-                     view(op, "input_weight", w), view(op, "bias", b),
-                     view(op, "init_state", h0),  view(op, "mask", mk)};
-        RNNResults res;
-        {
-          nb::gil_scoped_release release;
-          res = single_gate_rnn(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
-
-  m.def(
-      "lstm",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H init_cell, H mask,
-         H peephole, H descriptor, H device) {
-        const char* op = "lstm";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       c0 = array_arg(op, "init_cell", init_cell, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       ph = array_arg(op, "peephole", peephole, false);
-        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        LSTMInputs in{view(op, "source", x),       view(op, "recurrent_weight", r),
-                      view(op, "input_weight", w), view(op, "bias", b),
-                      view(op, "init_state", h0),  view(op, "init_cell", c0),
-                      view(op, "mask", mk),        view(op, "peephole", ph)};
-        LSTMResults res;
-        {
-          nb::gil_scoped_release release;
-          res = lstm(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.cell), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "init_cell"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
-      "peephole"_a.none() = nb::none(), nb::kw_only(), "descriptor"_a.none() = nb::none(),
-      "device"_a.none() = nb::none());
-
-  m.def(
-      "gru",
-      [](H source, H recurrent_weight, H input_weight, H bias, H init_state, H mask,
-         H secondary_bias, H descriptor, H device) {
-        const char* op = "gru";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const OptArray w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
-        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, false);
-        const Device dev = device_arg(op, device);
-        GRUInputs in{view(op, "source", x),         view(op, "recurrent_weight", r),
-                     view(op, "input_weight", w),   view(op, "bias", b),
-                     view(op, "init_state", h0),    view(op, "mask", mk),
-                     view(op, "secondary_bias", b2)};
-        GRUResults res;
-        {
-          nb::gil_scoped_release release;
-          res = gru(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(res.state), to_numpy(res.z_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(), nb::kw_only(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  static const char* const kZStateHint = "run the forward with descriptor.training=True";
-  m.def(
-      "single_gate_rnn_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H state_gradient,
-         H input_weight, H bias, H init_state, H mask, H descriptor, H device) {
-        const char* op = "single_gate_rnn_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false);
-        const auto desc = descriptor_arg<RNNDescriptor>(op, "RNNDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        RNNGradientInputs in;
-        static_cast<RNNInputs&>(in) = {view(op, "source", x),       view(op, "recurrent_weight", r),
-                                       view(op, "input_weight", w), view(op, "bias", b),
-                                       view(op, "init_state", h0),  view(op, "mask", mk)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.state_gradient = view(op, "state_gradient", dh);
-        RNNGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = single_gate_rnn_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), nb::kw_only(), "state_gradient"_a.none() = nb::none(),
-      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
-      "init_state"_a.none() = nb::none(), "mask"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  m.def(
-      "lstm_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H cell_output_fwd,
-         H state_gradient, H cell_gradient, H input_weight, H bias, H init_state, H init_cell,
-         H mask, H peephole, H descriptor, H device) {
-        const char* op = "lstm_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const Array cf = required_array(op, "cell_output_fwd", cell_output_fwd,
-                                        "pass the cell output of the forward run (training=True "
-                                        "or produce_cell=True)");
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       dc = array_arg(op, "cell_gradient", cell_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       c0 = array_arg(op, "init_cell", init_cell, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       ph = array_arg(op, "peephole", peephole, false);
-        const auto desc = descriptor_arg<LSTMDescriptor>(op, "LSTMDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        LSTMGradientInputs in;
-        static_cast<LSTMInputs&>(in) = {
-            view(op, "source", x), view(op, "recurrent_weight", r), view(op, "input_weight", w),
-            view(op, "bias", b),   view(op, "init_state", h0),      view(op, "init_cell", c0),
-            view(op, "mask", mk),  view(op, "peephole", ph)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.cell_output_fwd = view(op, "cell_output_fwd", cf);
-        in.state_gradient = view(op, "state_gradient", dh);
-        in.cell_gradient = view(op, "cell_gradient", dc);
-        LSTMGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = lstm_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.peephole),
-                              to_numpy(g.init_state), to_numpy(g.init_cell));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), "cell_output_fwd"_a.none(), nb::kw_only(),
-      "state_gradient"_a.none() = nb::none(), "cell_gradient"_a.none() = nb::none(),
-      "input_weight"_a.none() = nb::none(), "bias"_a.none() = nb::none(),
-      "init_state"_a.none() = nb::none(), "init_cell"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "peephole"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
-
-  m.def(
-      "gru_gradients",
-      [](H source, H recurrent_weight, H source_gradient, H z_state, H output_fwd, H state_gradient,
-         H input_weight, H bias, H init_state, H mask, H secondary_bias, H descriptor, H device) {
-        const char* op = "gru_gradients";
-        const Array x = required_array(op, "source", source);
-        const Array r = required_array(op, "recurrent_weight", recurrent_weight);
-        const Array dy = required_array(op, "source_gradient", source_gradient);
-        const Array z = required_array(op, "z_state", z_state, kZStateHint);
-        const Array yf = required_array(op, "output_fwd", output_fwd,
-                                        "pass the state output of the forward run");
-        const OptArray dh = array_arg(op, "state_gradient", state_gradient, false),
-                       w = array_arg(op, "input_weight", input_weight, false),
-                       b = array_arg(op, "bias", bias, false),
-                       h0 = array_arg(op, "init_state", init_state, false),
-                       mk = array_arg(op, "mask", mask, false),
-                       b2 = array_arg(op, "secondary_bias", secondary_bias, false);
-        const auto desc = descriptor_arg<GRUDescriptor>(op, "GRUDescriptor", descriptor, true);
-        const Device dev = device_arg(op, device);
-        GRUGradientInputs in;
-        static_cast<GRUInputs&>(in) = {
-            view(op, "source", x),         view(op, "recurrent_weight", r),
-            view(op, "input_weight", w),   view(op, "bias", b),
-            view(op, "init_state", h0),    view(op, "mask", mk),
-            view(op, "secondary_bias", b2)};
-        in.source_gradient = view(op, "source_gradient", dy);
-        in.z_state = view(op, "z_state", z);
-        in.output_fwd = view(op, "output_fwd", yf);
-        in.state_gradient = view(op, "state_gradient", dh);
-        GRUGradients g;
-        {
-          nb::gil_scoped_release release;
-          g = gru_gradients(in, desc, dev);
-        }
-        return nb::make_tuple(to_numpy(g.source), to_numpy(g.recurrent_weight),
-                              to_numpy(g.input_weight), to_numpy(g.bias), to_numpy(g.init_state),
-                              to_numpy(g.secondary_bias));
-      },
-      "source"_a.none(), "recurrent_weight"_a.none(), "source_gradient"_a.none(),
-      "z_state"_a.none(), "output_fwd"_a.none(), nb::kw_only(),
-      "state_gradient"_a.none() = nb::none(), "input_weight"_a.none() = nb::none(),
-      "bias"_a.none() = nb::none(), "init_state"_a.none() = nb::none(),
-      "mask"_a.none() = nb::none(), "secondary_bias"_a.none() = nb::none(),
-      "descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none());
+  def_op<SingleGateRnn>(m);
+  def_op<Lstm>(m);
+  def_op<Gru>(m);
+  def_op<SingleGateRnnGradients>(m);
+  def_op<LstmGradients>(m);
+  def_op<GruGradients>(m);
 }

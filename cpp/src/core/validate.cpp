@@ -66,7 +66,8 @@ void Checker::rank(const char* name, const TensorView& v, int64_t rank, const ch
 
 void Checker::activation(const char* field, Activation a) const {
   if (!is_valid(a))
-    value_error(std::string("descriptor.") + field + " must be an Activation (0..4) but is " +
+    value_error(std::string("descriptor.") + field + " must be an Activation (0.." +
+                std::to_string(kActivationCount - 1) + ") but is " +
                 std::to_string(static_cast<int>(a)));
 }
 
