@@ -1,7 +1,7 @@
 """Case builders shared by the forward and gradient suites (tests/test_forward_*.py,
 tests/test_gradients_*.py).
 
-Random inputs in the contract's shapes (spec/semantics.md), descriptors and calls by op
+Random inputs in the contract's shapes (docs/semantics.md), descriptors and calls by op
 kind, and the output checks every forward comparison needs.
 """
 
@@ -12,56 +12,37 @@ import pytest
 from util import FORWARD_TOL, GRADIENT_TOL, assert_rel_close, rel_err
 
 import rnncore
+from rnncore import _ops
 
-KINDS = ("rnn", "lstm", "gru")
-GATES = {"rnn": 1, "lstm": 4, "gru": 3}
+KINDS = tuple(_ops.KINDS)
+GATES = {k: kind.gates for k, kind in _ops.KINDS.items()}
 # float64 runs on the CPU only, float16 (storage, float32 arithmetic) on Metal devices only.
 DTYPES = (np.float32, np.float64, np.float16)
 
 # Forms of the mask that broadcast to [N, D·H] (the contract's list).
 MASK_FORMS = ("scalar", "dh", "1dh", "n1", "ndh")
 
-FLAG_FIELDS = {
-    "rnn": ("reverse", "bidirectional", "training"),
-    "lstm": ("reverse", "bidirectional", "training", "produce_cell", "forget_gate_last"),
-    "gru": (
-        "reverse",
-        "bidirectional",
-        "training",
-        "reset_gate_first",
-        "reset_after",
-        "flip_z",
-    ),
-}
 
-ACTIVATION_FIELDS = {
-    "rnn": ("activation",),
-    "lstm": (
-        "input_gate_activation",
-        "forget_gate_activation",
-        "cell_gate_activation",
-        "output_gate_activation",
-        "activation",
-    ),
-    "gru": ("update_gate_activation", "reset_gate_activation", "output_gate_activation"),
-}
+def descriptor_class(kind):
+    return getattr(rnncore, _ops.KINDS[kind].descriptor)
 
-ACTIVATIONS = ("NONE", "RELU", "TANH", "SIGMOID", "HARD_SIGMOID")
+
+# The descriptor fields, as the binding lists them.
+FLAG_FIELDS = {k: _ops.flag_fields(descriptor_class(k)) for k in KINDS}
+ACTIVATION_FIELDS = {k: _ops.activation_fields(descriptor_class(k)) for k in KINDS}
+ACTIVATIONS = tuple(a.name for a in rnncore.Activation)
+# Each activation field's default (the descriptor's).
+DEFAULT_ACTIVATIONS = {
+    k: {f: int(getattr(descriptor_class(k)(), f)) for f in ACTIVATION_FIELDS[k]} for k in KINDS
+}
 
 # Optional inputs each op takes, besides source and recurrent_weight.
-OPTIONAL_INPUTS = {
-    "rnn": ("input_weight", "bias", "init_state", "mask"),
-    "lstm": ("input_weight", "bias", "init_state", "init_cell", "mask", "peephole"),
-    "gru": ("input_weight", "bias", "init_state", "mask", "secondary_bias"),
-}
-
-_OPS = {"rnn": "single_gate_rnn", "lstm": "lstm", "gru": "gru"}
-_DESCRIPTORS = {"rnn": "RNNDescriptor", "lstm": "LSTMDescriptor", "gru": "GRUDescriptor"}
+OPTIONAL_INPUTS = {k: kind.optional_inputs for k, kind in _ops.KINDS.items()}
 
 
 def op(module, kind):
     """The forward function of `kind` in `module` (rnncore or rnncore.reference)."""
-    return getattr(module, _OPS[kind])
+    return getattr(module, _ops.KINDS[kind].forward)
 
 
 def make_descriptor(kind, **fields):
@@ -69,7 +50,7 @@ def make_descriptor(kind, **fields):
     fields = {
         k: getattr(rnncore.Activation, v) if isinstance(v, str) else v for k, v in fields.items()
     }
-    return getattr(rnncore, _DESCRIPTORS[kind])(**fields)
+    return descriptor_class(kind)(**fields)
 
 
 def supported(device, dtype):
@@ -88,6 +69,27 @@ def skip_unsupported(device, dtype):
 
 def mask_shape(form, N, DH):
     return {"scalar": (), "dh": (DH,), "1dh": (1, DH), "n1": (N, 1), "ndh": (N, DH)}[form]
+
+
+def input_shapes(kind, *, T, N, H, I=None, bidirectional=False):  # noqa: E741
+    """The contract's shape of every input of `kind`'s forward op, in signature order
+    (the mask's full [N, D·H] form); I=None: no input weight, the source has D·G·H
+    channels."""
+    D = 2 if bidirectional else 1
+    GH, DH = GATES[kind] * H, D * H
+    every = {
+        "source": (T, N, D * GH if I is None else I),
+        "recurrent_weight": (2, GH, H) if bidirectional else (GH, H),
+        "input_weight": (D * GH, I),
+        "bias": (D * GH,),
+        "init_state": (N, DH),
+        "init_cell": (N, DH),
+        "mask": (N, DH),
+        "peephole": (2, 4 * H) if bidirectional else (4 * H,),
+        "secondary_bias": (DH,),
+    }
+    names = ("source", "recurrent_weight") + OPTIONAL_INPUTS[kind]
+    return {n: every[n] for n in names if n != "input_weight" or I is not None}
 
 
 def make_inputs(
@@ -113,38 +115,31 @@ def make_inputs(
     one of MASK_FORMS. Values are drawn in float64 and rounded to `dtype`, scaled so that
     a few steps of any activation stay in a well-conditioned range.
     """
-    D = 2 if bidirectional else 1
-    G = GATES[kind]
-    DH, GH = D * H, G * H
     dt = np.dtype(dtype)
+    shapes = input_shapes(kind, T=T, N=N, H=H, I=I, bidirectional=bidirectional)
 
-    def normal(shape, scale):
-        return (rng.standard_normal(shape) * scale).astype(dt)
+    def normal(name, scale):
+        return (rng.standard_normal(shapes[name]) * scale).astype(dt)
 
-    args = {}
-    if I is None:
-        args["source"] = normal((T, N, D * GH), 1.0)
-    else:
-        args["source"] = normal((T, N, I), 1.0)
-    r_shape = (2, GH, H) if bidirectional else (GH, H)
-    args["recurrent_weight"] = normal(r_shape, 0.8 / np.sqrt(H))
+    args = {"source": normal("source", 1.0)}
+    args["recurrent_weight"] = normal("recurrent_weight", 0.8 / np.sqrt(H))
     if I is not None:
-        args["input_weight"] = normal((D * GH, I), 1.0 / np.sqrt(I))
+        args["input_weight"] = normal("input_weight", 1.0 / np.sqrt(I))
     if bias:
-        args["bias"] = normal((D * GH,), 0.5)
+        args["bias"] = normal("bias", 0.5)
     if init_state:
-        args["init_state"] = normal((N, DH), 0.7)
+        args["init_state"] = normal("init_state", 0.7)
     if init_cell:
-        args["init_cell"] = normal((N, DH), 1.0)
+        args["init_cell"] = normal("init_cell", 1.0)
     if mask is not None:
-        shape = mask_shape(mask, N, DH)
+        shape = mask_shape(mask, N, shapes["init_state"][1])
         values = rng.uniform(0.5, 1.5, shape)
         values = np.where(rng.random(shape) < 0.25, 0.0, values)
         args["mask"] = np.asarray(0.75 if mask == "scalar" else values, dtype=dt)
     if peephole:
-        args["peephole"] = normal((2, 4 * H) if bidirectional else (4 * H,), 0.5)
+        args["peephole"] = normal("peephole", 0.5)
     if secondary_bias:
-        args["secondary_bias"] = normal((DH,), 0.5)
+        args["secondary_bias"] = normal("secondary_bias", 0.5)
     return args
 
 
@@ -165,7 +160,7 @@ def as_float64(inputs):
 
 
 def result_fields(kind):
-    return ("state", "cell", "z_state") if kind == "lstm" else ("state", "z_state")
+    return _ops.KINDS[kind].result._fields
 
 
 def expected_shapes(kind, descriptor, T, N, H):
@@ -197,14 +192,25 @@ def check_layout(result, kind, descriptor, T, N, H, dtype, what=""):
 
 def check_close(actual, expected, kind, tol, what=""):
     """Every field of `actual` within `tol` (relative) of `expected`; None matches None."""
-    for field in result_fields(kind):
+    _check_fields_close(actual, expected, result_fields(kind), tol, what, "")
+
+
+def _check_fields_close(actual, expected, fields, tol, what, prefix):
+    """The worst relative error of the `fields` of `actual` against `expected`, each
+    within `tol` and finite; None matches None. `prefix` ("d" for gradients) is only
+    for the messages."""
+    worst = 0.0
+    for field in fields:
         a, e = getattr(actual, field), getattr(expected, field)
+        name = prefix + field
         if e is None:
-            assert a is None, f"{what}: {field} should be None"
+            assert a is None, f"{what}: {name} should be None"
             continue
-        assert a is not None, f"{what}: {field} is None but expected an array"
-        assert np.all(np.isfinite(a)), f"{what}: {field} has non-finite values"
-        assert_rel_close(a, e, tol, f"{what}: {field}")
+        assert a is not None, f"{what}: {name} is None but expected an array"
+        assert np.all(np.isfinite(a)), f"{what}: {name} has non-finite values"
+        assert_rel_close(a, e, tol, f"{what}: {name}")
+        worst = max(worst, rel_err(a, e))
+    return worst
 
 
 def forward_tol(dtype):
@@ -215,32 +221,15 @@ def forward_tol(dtype):
 # Gradient suites (tests/test_gradients_*.py)
 # --------------------------------------------------------------------------------------
 
-_GRADIENT_OPS = {
-    "rnn": "single_gate_rnn_gradients",
-    "lstm": "lstm_gradients",
-    "gru": "gru_gradients",
-}
 # Fields of the gradient results (RNNGradients, LSTMGradients, GRUGradients), in order.
-GRADIENT_FIELDS = {
-    "rnn": ("source", "recurrent_weight", "input_weight", "bias", "init_state"),
-    "lstm": (
-        "source",
-        "recurrent_weight",
-        "input_weight",
-        "bias",
-        "peephole",
-        "init_state",
-        "init_cell",
-    ),
-    "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "secondary_bias"),
-}
+GRADIENT_FIELDS = {k: kind.gradient_fields for k, kind in _ops.KINDS.items()}
 # The LSTM cell gradient: none, dL/d(final cell) [N, D·H], or dL/d(c[t]) [T, N, D·H].
 CELL_GRADIENT_FORMS = (None, "final", "steps")
 
 
 def gradient_op(module, kind):
     """The gradient function of `kind` in `module` (rnncore or rnncore.reference)."""
-    return getattr(module, _GRADIENT_OPS[kind])
+    return getattr(module, _ops.KINDS[kind].gradients)
 
 
 def with_fields(descriptor, **fields):
@@ -332,18 +321,9 @@ def check_gradient_layout(grads, kind, inputs, dtype, what=""):
 
 
 def check_gradients_close(actual, expected, kind, tol, what=""):
-    """Every field of `actual` within `tol` (relative) of `expected`; None matches None."""
-    worst = 0.0
-    for field in GRADIENT_FIELDS[kind]:
-        a, e = getattr(actual, field), getattr(expected, field)
-        if e is None:
-            assert a is None, f"{what}: d{field} should be None"
-            continue
-        assert a is not None, f"{what}: d{field} is None but expected an array"
-        assert np.all(np.isfinite(a)), f"{what}: d{field} has non-finite values"
-        assert_rel_close(a, e, tol, f"{what}: d{field}")
-        worst = max(worst, rel_err(a, e))
-    return worst
+    """Every field of `actual` within `tol` (relative) of `expected`; None matches None.
+    Returns the worst relative error."""
+    return _check_fields_close(actual, expected, GRADIENT_FIELDS[kind], tol, what, "d")
 
 
 def gradient_tol(dtype):
