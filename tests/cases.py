@@ -6,6 +6,7 @@ kind, and the output checks every forward comparison needs.
 """
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -69,6 +70,78 @@ def skip_unsupported(device, dtype):
 
 def mask_shape(form, N, DH):
     return {"scalar": (), "dh": (DH,), "1dh": (1, DH), "n1": (N, 1), "ndh": (N, DH)}[form]
+
+
+# One descriptor's fields per kind with every gate's activation other than its default.
+DISTINCT_ACTIVATIONS = {
+    "rnn": dict(activation="HARD_SIGMOID"),
+    "lstm": dict(
+        input_gate_activation="HARD_SIGMOID",
+        forget_gate_activation="TANH",
+        cell_gate_activation="RELU",
+        output_gate_activation="NONE",
+        activation="SIGMOID",
+    ),
+    "gru": dict(
+        update_gate_activation="HARD_SIGMOID",
+        reset_gate_activation="TANH",
+        output_gate_activation="RELU",
+        reset_after=True,
+    ),
+}
+
+# (T, N, I, H): T = 1, N = 1, H either side of 32, I != H, and no input weight (I None).
+AWKWARD_SIZES = [
+    (1, 3, 4, 5),
+    (5, 1, 4, 5),
+    (3, 2, 7, 1),
+    (3, 2, 7, 31),
+    (3, 2, 40, 32),
+    (3, 2, 7, 33),
+    (4, 5, None, 33),
+    (7, 9, 33, 32),
+    (2, 3, 9, 127),
+    (3, 67, 8, 33),
+]
+
+
+def flag_cases(with_index=False):
+    """pytest params (kind, flags[, k]): every combination of each kind's flags, named by
+    the flags set; k is the combination's index (for varying the other options)."""
+    for kind in KINDS:
+        fields = FLAG_FIELDS[kind]
+        for k, values in enumerate(itertools.product((False, True), repeat=len(fields))):
+            flags = dict(zip(fields, values))
+            tag = "-".join(f for f, v in flags.items() if v) or "default"
+            args = (kind, flags, k) if with_index else (kind, flags)
+            yield pytest.param(*args, id=f"{kind}-{tag}")
+
+
+def optional_input_cases(kind, I):  # noqa: E741
+    """pytest params (kind, make_inputs options): each optional input of `kind` alone, the
+    mask in each of MASK_FORMS."""
+    for name in OPTIONAL_INPUTS[kind]:
+        if name == "input_weight":
+            yield pytest.param(kind, {"I": I}, id=f"{kind}-input_weight")
+        elif name == "mask":
+            for form in MASK_FORMS:
+                yield pytest.param(kind, {"mask": form}, id=f"{kind}-mask_{form}")
+        else:
+            yield pytest.param(kind, {name: True}, id=f"{kind}-{name}")
+
+
+def activation_cases(with_index=False):
+    """pytest params (kind, field, activation name[, k]): every activation on every gate;
+    k is the activation's index."""
+    for kind in KINDS:
+        for field in ACTIVATION_FIELDS[kind]:
+            for k, act in enumerate(ACTIVATIONS):
+                args = (kind, field, act, k) if with_index else (kind, field, act)
+                yield pytest.param(*args, id=f"{kind}-{field}-{act}")
+
+
+def size_ids(sizes):
+    return [f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in sizes]
 
 
 def input_shapes(kind, *, T, N, H, I=None, bidirectional=False):  # noqa: E741
@@ -141,6 +214,16 @@ def make_inputs(
     if secondary_bias:
         args["secondary_bias"] = normal("secondary_bias", 0.5)
     return args
+
+
+def all_inputs(kind, I):  # noqa: E741
+    """make_inputs options that give every optional input of `kind` (the mask in its full
+    [N, D·H] form), with I source channels."""
+    options = {"I": I}
+    for name in OPTIONAL_INPUTS[kind]:
+        if name != "input_weight":
+            options[name] = "ndh" if name == "mask" else True
+    return options
 
 
 def run(module, kind, inputs, descriptor, **kwargs):
@@ -268,6 +351,15 @@ def make_cotangents(
     return cot
 
 
+def cotangents_like(rng, kind, inputs, **options):
+    """make_cotangents for the sizes, directions and dtype of the forward `inputs`."""
+    T, N = inputs["source"].shape[:2]
+    R = inputs["recurrent_weight"]
+    return make_cotangents(
+        rng, kind, T=T, N=N, H=R.shape[-1], bidirectional=R.ndim == 3, dtype=R.dtype, **options
+    )
+
+
 def training_forward(module, kind, inputs, descriptor, **kwargs):
     """A forward run with training = True (z_state, and the LSTM cell)."""
     return run(module, kind, inputs, with_fields(descriptor, training=True), **kwargs)
@@ -328,3 +420,40 @@ def check_gradients_close(actual, expected, kind, tol, what=""):
 
 def gradient_tol(dtype):
     return GRADIENT_TOL[np.dtype(dtype)]
+
+
+# --------------------------------------------------------------------------------------
+# Finite-difference sweeps (tests/test_gradients_fd.py, tests/test_reference.py)
+# --------------------------------------------------------------------------------------
+
+# (T, N, H, I): T in {1, 3}, N in {1, 2}, H in {1, 3}, I != H; cycled over a sweep.
+FD_SIZES = [(3, 2, 3, 2), (3, 1, 1, 2), (1, 2, 3, 2), (3, 2, 1, 4), (3, 1, 3, 2), (1, 1, 1, 2)]
+FD_MODES = {
+    "fwd": {},
+    "rev": {"reverse": True},
+    "bi": {"bidirectional": True},
+    "bi+rev": {"bidirectional": True, "reverse": True},  # reverse is ignored
+}
+
+
+class FDCases(list):
+    """A sweep's cases: (id, kind, descriptor fields, options), the id naming them all."""
+
+    def add(self, kind, fields, **options):
+        name = "-".join(
+            [kind]
+            + [f"{k}={int(v)}" for k, v in fields.items()]
+            + [f"{k}={v}" for k, v in options.items()]
+        )
+        self.append((name, kind, fields, options))
+
+
+def other_activations(kind):
+    """(k, field, activation) for every activation field of `kind` and every activation
+    but its default; k counts them (to cycle the other options)."""
+    k = 0
+    for field, default in DEFAULT_ACTIVATIONS[kind].items():
+        for act in range(len(ACTIVATIONS)):
+            if act != default:
+                yield k, field, act
+                k += 1

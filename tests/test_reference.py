@@ -20,9 +20,21 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from cases import (
+    DEFAULT_ACTIVATIONS,
+    FD_MODES,
+    FD_SIZES,
+    GATES,
+    GRADIENT_FIELDS,
+    MASK_FORMS,
+    FDCases,
+    final_state,
+    other_activations,
+)
+from util import assert_rel_close
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
 
 try:
     import torch
@@ -32,34 +44,8 @@ except ImportError:  # pragma: no cover - torch is a test dependency
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
 
 NONE, RELU, TANH, SIGMOID, HARD_SIGMOID = range(5)
-GATES = {"rnn": 1, "lstm": 4, "gru": 3}
-FORWARD = {"rnn": reference.single_gate_rnn, "lstm": reference.lstm, "gru": reference.gru}
-BACKWARD = {
-    "rnn": reference.single_gate_rnn_gradients,
-    "lstm": reference.lstm_gradients,
-    "gru": reference.gru_gradients,
-}
-GRADIENT_FIELDS = {
-    "rnn": reference.RNNGradients._fields,
-    "lstm": reference.LSTMGradients._fields,
-    "gru": reference.GRUGradients._fields,
-}
-DEFAULT_ACTIVATIONS = {
-    "rnn": {"activation": RELU},
-    "lstm": {
-        "input_gate_activation": SIGMOID,
-        "forget_gate_activation": SIGMOID,
-        "cell_gate_activation": TANH,
-        "output_gate_activation": SIGMOID,
-        "activation": TANH,
-    },
-    "gru": {
-        "update_gate_activation": SIGMOID,
-        "reset_gate_activation": SIGMOID,
-        "output_gate_activation": TANH,
-    },
-}
-MASK_FORMS = ("scalar", "dh", "1dh", "n1", "ndh")
+FORWARD = {k: getattr(reference, kind.forward) for k, kind in _ops.KINDS.items()}
+BACKWARD = {k: getattr(reference, kind.gradients) for k, kind in _ops.KINDS.items()}
 
 
 def desc(**fields):
@@ -68,27 +54,6 @@ def desc(**fields):
 
 def with_fields(d, **fields):
     return SimpleNamespace(**{**vars(d), **fields})
-
-
-def rel_err(actual, expected):
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
-    den = np.linalg.norm(e)
-    num = np.linalg.norm(a - e)
-    return num / den if den > 1e-30 else num
-
-
-def assert_close(actual, expected, tol, what):
-    err = rel_err(actual, expected)
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
-
-
-def final_state(y, H, bidirectional):
-    """Each direction's final state (contract: "Bidirectional halves")."""
-    if bidirectional:
-        return np.concatenate([y[-1, :, :H], y[0, :, H:]], axis=-1)
-    return y[-1]
 
 
 # --------------------------------------------------------------------------------------
@@ -355,11 +320,13 @@ def test_against_torch(kind, bidirectional, with_init):
 
     # Forward: outputs, and the final states torch returns.
     out = FORWARD[ref_kind](**inputs, descriptor=with_fields(d, training=True))
-    assert_close(out.state, y.detach().numpy(), 1e-12, "y")
-    assert_close(final_state(out.state, H, bidirectional), torch_states(hn.detach()), 1e-12, "hn")
+    assert_rel_close(out.state, y.detach().numpy(), 1e-12, "y")
+    assert_rel_close(
+        final_state(out.state, H, bidirectional), torch_states(hn.detach()), 1e-12, "hn"
+    )
     if kind == "lstm":
         final_cell = final_state(out.cell, H, bidirectional)
-        assert_close(final_cell, torch_states(cn.detach()), 1e-12, "cn")
+        assert_rel_close(final_cell, torch_states(cn.detach()), 1e-12, "cn")
 
     # Gradients.
     cot = {"source_gradient": dy, "state_gradient": torch_states(dhn)}
@@ -367,24 +334,24 @@ def test_against_torch(kind, bidirectional, with_init):
         cot["cell_gradient"] = torch_states(dcn)
     grads = reference_gradients(ref_kind, d, inputs, cot)
     tol = 1e-10
-    assert_close(grads.source, x.grad.numpy(), tol, "dsource")
+    assert_rel_close(grads.source, x.grad.numpy(), tol, "dsource")
     for dr, p in enumerate(tparams):
         G = GATES[ref_kind]
         rows = slice(dr * G * H, (dr + 1) * G * H)
         dR = grads.recurrent_weight[dr] if bidirectional else grads.recurrent_weight
-        assert_close(grads.input_weight[rows], p["weight_ih"].grad.numpy(), tol, f"dW[{dr}]")
-        assert_close(dR, p["weight_hh"].grad.numpy(), tol, f"dR[{dr}]")
+        assert_rel_close(grads.input_weight[rows], p["weight_ih"].grad.numpy(), tol, f"dW[{dr}]")
+        assert_rel_close(dR, p["weight_hh"].grad.numpy(), tol, f"dR[{dr}]")
         dbias = grads.bias[rows]
-        assert_close(dbias, p["bias_ih"].grad.numpy(), tol, f"db_ih[{dr}]")
+        assert_rel_close(dbias, p["bias_ih"].grad.numpy(), tol, f"db_ih[{dr}]")
         if kind == "gru":  # b_hh = [b_hr, b_hz] (summed into bias) and b_hn (secondary)
             db_hh = np.concatenate([dbias[: 2 * H], grads.secondary_bias[dr * H : (dr + 1) * H]])
         else:
             db_hh = dbias
-        assert_close(db_hh, p["bias_hh"].grad.numpy(), tol, f"db_hh[{dr}]")
+        assert_rel_close(db_hh, p["bias_hh"].grad.numpy(), tol, f"db_hh[{dr}]")
     if with_init:
-        assert_close(grads.init_state, torch_states(h0.grad.numpy()), tol, "dh0")
+        assert_rel_close(grads.init_state, torch_states(h0.grad.numpy()), tol, "dh0")
         if kind == "lstm":
-            assert_close(grads.init_cell, torch_states(c0.grad.numpy()), tol, "dc0")
+            assert_rel_close(grads.init_cell, torch_states(c0.grad.numpy()), tol, "dc0")
     else:
         assert grads.init_state is None
         if kind == "lstm":
@@ -395,46 +362,23 @@ def test_against_torch(kind, bidirectional, with_init):
 # Finite differences of the reference's own forward
 # --------------------------------------------------------------------------------------
 
-# (T, N, H, I): T in {1, 3}, N in {1, 2}, H in {1, 3}, I != H.
-FD_SIZES = [(3, 2, 3, 2), (3, 1, 1, 2), (1, 2, 3, 2), (3, 2, 1, 4), (3, 1, 3, 2), (1, 1, 1, 2)]
-MODES = {
-    "fwd": {},
-    "rev": {"reverse": True},
-    "bi": {"bidirectional": True},
-    "bi+rev": {"bidirectional": True, "reverse": True},  # reverse is ignored
-}
+MODES = FD_MODES
 
 
 def fd_cases():
     """(id, kind, descriptor fields, input options) for the finite-difference sweep."""
-    cases = []
-
-    def add(kind, fields, **options):
-        name = "-".join(
-            [kind]
-            + [f"{k}={int(v)}" for k, v in fields.items()]
-            + [f"{k}={v}" for k, v in options.items()]
-        )
-        cases.append((name, kind, fields, options))
-
+    cases = FDCases()
+    add = cases.add
     modes = list(MODES.values())
     # Single-gate RNN: every activation in every direction mode.
     for act, mode in itertools.product(range(5), modes):
         add("rnn", {**mode, "activation": act})
-    add(
-        "rnn",
-        {"bidirectional": True, "activation": TANH},
-        input_weight=False,
-        bias=False,
-        init_state=False,
-    )
-    add(
-        "rnn",
-        {"reverse": True, "activation": TANH},
-        input_weight=False,
-        mask=None,
-        state_gradient=False,
-    )
+    # Without the input weight, and without other inputs.
+    for fields, options in [
+        ({"bidirectional": True}, {"bias": False, "init_state": False}),
+        ({"reverse": True}, {"mask": None, "state_gradient": False}),
+    ]:
+        add("rnn", {**fields, "activation": TANH}, input_weight=False, **options)
     for form in ("scalar", "dh", "1dh", "n1"):
         add("rnn", {"bidirectional": True, "activation": SIGMOID}, mask=form)
 
@@ -445,17 +389,9 @@ def fd_cases():
     for cg, mode in itertools.product(forms, (MODES["rev"], MODES["bi"])):
         add("lstm", mode, cell_gradient=cg)
     # Every activation on every gate (and on the cell output).
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["lstm"].items():
-        for act in range(5):
-            if act != default:
-                mode = modes[k % len(modes)]
-                add(
-                    "lstm",
-                    {**mode, "forget_gate_last": k % 2 == 1, field: act},
-                    cell_gradient=forms[k % 3],
-                )
-                k += 1
+    for k, field, act in other_activations("lstm"):
+        fields = {**modes[k % len(modes)], "forget_gate_last": k % 2 == 1, field: act}
+        add("lstm", fields, cell_gradient=forms[k % 3])
     add("lstm", {"bidirectional": True}, peephole=False, input_weight=False, init_cell=False)
     add(
         "lstm",
@@ -473,13 +409,9 @@ def fd_cases():
     # GRU: every combination of the three flags in every direction mode.
     for mode, rgf, ra, fz in itertools.product(modes, *[(False, True)] * 3):
         add("gru", {**mode, "reset_gate_first": rgf, "reset_after": ra, "flip_z": fz})
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["gru"].items():
-        for act in range(5):
-            if act != default:
-                mode = modes[k % len(modes)]
-                add("gru", {**mode, "reset_after": k % 2 == 0, "flip_z": k % 4 == 1, field: act})
-                k += 1
+    for k, field, act in other_activations("gru"):
+        mode = modes[k % len(modes)]
+        add("gru", {**mode, "reset_after": k % 2 == 0, "flip_z": k % 4 == 1, field: act})
     add("gru", {"reset_after": True}, secondary_bias=False)
     add(
         "gru",
@@ -540,7 +472,7 @@ def test_gradients_finite_differences(index, kind, fields, options):
         assert isinstance(value, np.ndarray) and value.dtype == np.float64, field
         assert value.shape == np.shape(inputs[field]), field
         expected = numerical_gradient(lambda: loss(kind, d, inputs, cot), inputs[field])
-        assert_close(value, expected, 1e-6, f"d{field}")
+        assert_rel_close(value, expected, 1e-6, f"d{field}")
 
 
 def test_fd_sweep_covers_the_flags():
