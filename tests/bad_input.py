@@ -84,6 +84,20 @@ def dtype_error(make, kind, tag, name, dtypes, *shown):
     return make(kind, tag, dtypes=dtypes, exc=TypeError, pieces=(name_re(name), *shown))
 
 
+def float32_among_float64(make, kind, name, base):
+    """`name` in float32, the other arguments of `base` in float64: a TypeError naming
+    `name` and both dtypes."""
+    dtypes = {n: "float64" for n in base if n != name}
+    tag = f"{name}-float32-among-float64"
+    return dtype_error(make, kind, tag, name, dtypes, "float64", "float32")
+
+
+def other_batch(make, kind, *pieces):
+    """A source of N + 1 sequences: the arguments sized by N no longer fit; a ValueError
+    whose message has every one of `pieces`."""
+    return make(kind, "source-N+1", shapes={"source": (T, N + 1, I)}, exc=ValueError, pieces=pieces)
+
+
 def unique(cases):
     """The first case of each id."""
     seen = {}

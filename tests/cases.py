@@ -13,7 +13,7 @@ import pytest
 from util import FORWARD_TOL, GRADIENT_TOL, assert_rel_close, rel_err
 
 import rnncore
-from rnncore import _ops
+from rnncore import _ops, reference
 
 KINDS = tuple(_ops.KINDS)
 GATES = {k: kind.gates for k, kind in _ops.KINDS.items()}
@@ -52,6 +52,14 @@ def make_descriptor(kind, **fields):
         k: getattr(rnncore.Activation, v) if isinstance(v, str) else v for k, v in fields.items()
     }
     return descriptor_class(kind)(**fields)
+
+
+def full_descriptor(kind, **fields):
+    """make_descriptor(kind, **fields), with reset_after for a GRU: the configuration in
+    which every input counts (secondary_bias is ignored without it)."""
+    if kind == "gru":
+        fields.setdefault("reset_after", True)
+    return make_descriptor(kind, **fields)
 
 
 def supported(device, dtype):
@@ -457,3 +465,83 @@ def other_activations(kind):
             if act != default:
                 yield k, field, act
                 k += 1
+
+
+def draw_clear_of_kinks(seed, draw, distance, clearance):
+    """(inputs, rng): the first draw(rng) whose distance(inputs) to the activation kinks
+    exceeds `clearance`, rng seeded [seed, attempt] (and left to draw the cotangents)."""
+    for attempt in range(50):
+        rng = np.random.default_rng([seed, attempt])
+        inputs = draw(rng)
+        if distance(inputs) > clearance:
+            return inputs, rng
+    pytest.fail("could not draw inputs away from the activation kinks")
+
+
+def elementwise_fd(f, x, eps=1e-6):
+    """Central differences of the scalar f() in every element of x (perturbed in place)."""
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        orig = x[idx]
+        x[idx] = orig + eps
+        plus = f()
+        x[idx] = orig - eps
+        minus = f()
+        x[idx] = orig
+        g[idx] = (plus - minus) / (2 * eps)
+    return g
+
+
+def cotangent_loss(out, cot, H, bidirectional):
+    """The loss the gradient ops differentiate (docs/semantics.md, "Gradient operations")
+    at the forward result `out`: sum(h·source_gradient) + sum(final h·state_gradient)
+    (+ the LSTM cell term)."""
+    total = np.sum(out.state * cot["source_gradient"])
+    if "state_gradient" in cot:
+        total += np.sum(final_state(out.state, H, bidirectional) * cot["state_gradient"])
+    if "cell_gradient" in cot:
+        cg = cot["cell_gradient"]
+        cell = out.cell if cg.ndim == 3 else final_state(out.cell, H, bidirectional)
+        total += np.sum(cell * cg)
+    return total
+
+
+def preactivations(kind, out, H, field):
+    """(pre-activation values, activation) pairs of the training forward result `out`;
+    field(name) is the value of the descriptor's field `name`."""
+    T, N = out.state.shape[:2]
+    D = 2 if field("bidirectional") else 1
+
+    def act(name):
+        return int(field(name))
+
+    if kind == "rnn":
+        return [(out.z_state, act("activation"))]
+    if kind == "lstm":
+        a = out.z_state.reshape(T, N, D, 4, H)
+        order = "izfo" if field("forget_gate_last") else "ifzo"
+        names = dict(i="input", f="forget", z="cell", o="output")
+        pairs = [(a[..., k, :], act(f"{names[g]}_gate_activation")) for k, g in enumerate(order)]
+        return pairs + [(out.cell, act("activation"))]
+    zs = out.z_state.reshape(T, N, D, 4 if field("reset_after") else 3, H)
+    kz, kr = (1, 0) if field("reset_gate_first") else (0, 1)
+    a_o = zs[..., 2, :]
+    if field("reset_after"):  # a_o = x'_o + r ⊙ q
+        a_o = zs[..., 3, :] + reference.activate(zs[..., kr, :], act("reset_gate_activation")) * a_o
+    return [
+        (zs[..., kz, :], act("update_gate_activation")),
+        (zs[..., kr, :], act("reset_gate_activation")),
+        (a_o, act("output_gate_activation")),
+    ]
+
+
+def kink_distance(kind, out, H, field):
+    """How far the pre-activations of the training forward result `out` are from relu's
+    and hard_sigmoid's kinks (see preactivations)."""
+    dist = np.inf
+    for x, act in preactivations(kind, out, H, field):
+        if x.size and act == reference.RELU:
+            dist = min(dist, np.abs(x).min())
+        if x.size and act == reference.HARD_SIGMOID:
+            dist = min(dist, np.abs(np.abs(x) - 2.5).min())
+    return dist

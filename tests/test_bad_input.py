@@ -116,19 +116,8 @@ def cases_for(kind):
     # The source defines T, N and I: a longer source is valid; another N or I makes the
     # arguments that depend on it wrong.
     out.append(case(kind, "source-T+1-valid", shapes={"source": (T + 1, N, I)}))
-    out.append(
-        case(
-            kind,
-            "source-N+1",
-            shapes={"source": (T, N + 1, I)},
-            exc=ValueError,
-            pieces=(
-                "|".join(name_re(n) for n in ("init_state", "init_cell", "mask")),
-                shape_re((N + 1, DH)),
-                shape_re((N, DH)),
-            ),
-        )
-    )
+    names = "|".join(name_re(n) for n in ("init_state", "init_cell", "mask"))
+    out.append(bad_input.other_batch(case, kind, names, shape_re((N + 1, DH)), shape_re((N, DH))))
     out.append(
         case(
             kind,
@@ -141,17 +130,7 @@ def cases_for(kind):
 
     # -- dtypes ----------------------------------------------------------------------------
     out += bad_input.dtype_errors(case, kind, base, ("int32", "complex64"))
-    out.append(
-        bad_input.dtype_error(
-            case,
-            kind,
-            "init_state-float32-among-float64",
-            "init_state",
-            {n: "float64" for n in base if n != "init_state"},
-            "float64",
-            "float32",
-        )
-    )
+    out.append(bad_input.float32_among_float64(case, kind, "init_state", base))
     for dt in ("int64", "uint8", "bool", "float16", "complex128"):
         out.append(bad_input.dtype_error(case, kind, f"source-{dt}", "source", {"source": dt}, dt))
 

@@ -166,22 +166,13 @@ def cases_for(kind):
         # Ignored without reset_after, but its shape is still checked.
         out.append(shape_error(kind, "secondary_bias", (H + 1,), (H,)))
         out.append(shape_error(kind, "secondary_bias", (H + 1,), (H,), reset_after=True))
-    out.append(
-        case(
-            kind,
-            "source-N+1",
-            shapes={"source": (T, N + 1, I)},
-            exc=ValueError,
-            pieces=(r"\(\d+, " + str(N + 1) + r"\b|\(" + str(N + 1) + ",",),  # a shape with N+1
-        )
-    )
+    with_n1 = r"\(\d+, " + str(N + 1) + r"\b|\(" + str(N + 1) + ","  # a shape with N+1
+    out.append(bad_input.other_batch(case, kind, with_n1))
 
     # -- dtypes ------------------------------------------------------------------------------
     out += bad_input.dtype_errors(case, kind, base, ("int32", "int64"))
     for name in ("source_gradient", "z_state", "state_gradient"):
-        tag = f"{name}-float32-among-float64"
-        dtypes = {n: "float64" for n in base if n != name}
-        out.append(bad_input.dtype_error(case, kind, tag, name, dtypes, "float64", "float32"))
+        out.append(bad_input.float32_among_float64(case, kind, name, base))
     for dt in ("uint8", "bool", "float16", "complex64", "complex128"):
         tag = f"z_state-{dt}"
         out.append(bad_input.dtype_error(case, kind, tag, "z_state", {"z_state": dt}, dt))

@@ -18,6 +18,7 @@ from cases import (
     check_layout,
     flag_cases,
     forward_tol,
+    full_descriptor,
     make_descriptor,
     make_inputs,
     optional_input_cases,
@@ -65,10 +66,8 @@ def test_every_flag_combination_matches_reference(rng, device, kind, flags, give
 def test_each_optional_input_matches_reference(rng, device, kind, options, bidirectional, dtype):
     # training so that z_state (and the LSTM cell) are compared too; GRU with reset_after
     # so that secondary_bias matters (reset_after=False ignoring it is in the flag sweep).
-    flags = {"bidirectional": bidirectional, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **options)
+    desc = full_descriptor(kind, bidirectional=bidirectional, training=True)
+    compare(rng, device, kind, dtype, desc, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -76,10 +75,8 @@ def test_each_optional_input_matches_reference(rng, device, kind, options, bidir
 def test_every_activation_on_every_gate_matches_reference(
     rng, device, kind, field, activation, dtype
 ):
-    flags = {field: activation, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **all_inputs(kind))
+    desc = full_descriptor(kind, training=True, **{field: activation})
+    compare(rng, device, kind, dtype, desc, **all_inputs(kind))
 
 
 def test_all_gates_with_distinct_activations_match_reference(rng, device):
@@ -95,12 +92,10 @@ def test_all_gates_with_distinct_activations_match_reference(rng, device):
 @pytest.mark.parametrize(("T", "N", "I", "H"), AWKWARD_SIZES, ids=size_ids(AWKWARD_SIZES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_awkward_sizes_match_reference(rng, device, kind, T, N, I, H, bidirectional, dtype):  # noqa: E741
-    flags = {"bidirectional": bidirectional, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
+    desc = full_descriptor(kind, bidirectional=bidirectional, training=True)
     options = all_inputs(kind)
     options["I"] = I
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), T=T, N=N, H=H, **options)
+    compare(rng, device, kind, dtype, desc, T=T, N=N, H=H, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -116,9 +111,7 @@ def test_zero_sizes_give_empty_outputs_of_the_right_shape(
     flags = {"bidirectional": bidirectional, "training": training}
     if kind == "lstm":
         flags["produce_cell"] = True
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, **flags)
     options = all_inputs(kind)
     inputs = make_inputs(
         rng, kind, T=T, N=N, H=H, bidirectional=bidirectional, dtype=dtype, **options

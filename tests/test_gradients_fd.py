@@ -16,6 +16,7 @@ dtype, so this suite runs on device "cpu" whatever RNNCORE_DEVICE says.
 import itertools
 import zlib
 
+import cases
 import numpy as np
 import pytest
 from cases import (
@@ -27,8 +28,10 @@ from cases import (
     MASK_FORMS,
     FDCases,
     all_inputs,
+    cotangent_loss,
     cotangents_like,
-    final_state,
+    draw_clear_of_kinks,
+    elementwise_fd,
     make_descriptor,
     make_inputs,
     other_activations,
@@ -40,7 +43,6 @@ from cases import (
 from util import assert_rel_close
 
 import rnncore
-from rnncore import reference
 
 FD_TOL = 1e-6
 KINK_CLEARANCE = 1e-4
@@ -60,29 +62,7 @@ def loss(kind, desc, inputs, cot):
     if kind == "lstm":
         fields["produce_cell"] = True
     out = run(rnncore, kind, inputs, with_fields(desc, **fields), device="cpu")
-    H = inputs["recurrent_weight"].shape[-1]
-    bi = desc.bidirectional
-    total = np.sum(out.state * cot["source_gradient"])
-    if "state_gradient" in cot:
-        total += np.sum(final_state(out.state, H, bi) * cot["state_gradient"])
-    if "cell_gradient" in cot:
-        cg = cot["cell_gradient"]
-        total += np.sum((out.cell if cg.ndim == 3 else final_state(out.cell, H, bi)) * cg)
-    return total
-
-
-def elementwise_fd(f, x, eps=1e-6):
-    """Central differences of the scalar f() in every element of x (perturbed in place)."""
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        orig = x[idx]
-        x[idx] = orig + eps
-        plus = f()
-        x[idx] = orig - eps
-        minus = f()
-        x[idx] = orig
-        g[idx] = (plus - minus) / (2 * eps)
-    return g
+    return cotangent_loss(out, cot, inputs["recurrent_weight"].shape[-1], desc.bidirectional)
 
 
 def directional_fd(f, x, v, eps=1e-5):
@@ -96,48 +76,10 @@ def directional_fd(f, x, v, eps=1e-5):
     return (plus - minus) / (2 * eps)
 
 
-def activation_of(desc, field):
-    return int(getattr(desc, field))
-
-
-def preactivations(kind, desc, inputs):
-    """(pre-activation values, activation) pairs of rnncore's forward run."""
-    out = training_forward(rnncore, kind, inputs, desc, device="cpu")
-    T, N = out.state.shape[:2]
-    H = inputs["recurrent_weight"].shape[-1]
-    D = 2 if desc.bidirectional else 1
-    if kind == "rnn":
-        return [(out.z_state, activation_of(desc, "activation"))]
-    if kind == "lstm":
-        a = out.z_state.reshape(T, N, D, 4, H)
-        order = "izfo" if desc.forget_gate_last else "ifzo"
-        names = dict(i="input", f="forget", z="cell", o="output")
-        pairs = [
-            (a[..., k, :], activation_of(desc, f"{names[g]}_gate_activation"))
-            for k, g in enumerate(order)
-        ]
-        return pairs + [(out.cell, activation_of(desc, "activation"))]
-    zs = out.z_state.reshape(T, N, D, 4 if desc.reset_after else 3, H)
-    kz, kr = (1, 0) if desc.reset_gate_first else (0, 1)
-    a_o = zs[..., 2, :]
-    if desc.reset_after:  # a_o = x'_o + r ⊙ q
-        r = reference.activate(zs[..., kr, :], activation_of(desc, "reset_gate_activation"))
-        a_o = zs[..., 3, :] + r * a_o
-    return [
-        (zs[..., kz, :], activation_of(desc, "update_gate_activation")),
-        (zs[..., kr, :], activation_of(desc, "reset_gate_activation")),
-        (a_o, activation_of(desc, "output_gate_activation")),
-    ]
-
-
 def kink_distance(kind, desc, inputs):
-    dist = np.inf
-    for x, act in preactivations(kind, desc, inputs):
-        if x.size and act == A.RELU:
-            dist = min(dist, np.abs(x).min())
-        if x.size and act == A.HARD_SIGMOID:
-            dist = min(dist, np.abs(np.abs(x) - 2.5).min())
-    return dist
+    out = training_forward(rnncore, kind, inputs, desc, device="cpu")
+    H = inputs["recurrent_weight"].shape[-1]
+    return cases.kink_distance(kind, out, H, lambda field: getattr(desc, field))
 
 
 def draw(seed, kind, desc, size, options):
@@ -146,13 +88,12 @@ def draw(seed, kind, desc, size, options):
     bi = desc.bidirectional
     input_options = all_inputs(kind, I)
     input_options.update({k: v for k, v in options.items() if k in input_options})
-    for attempt in range(50):
-        rng = np.random.default_rng([seed, attempt])
-        inputs = make_inputs(rng, kind, T=T, N=N, H=H, bidirectional=bi, **input_options)
-        if kink_distance(kind, desc, inputs) > KINK_CLEARANCE:
-            break
-    else:
-        pytest.fail("could not draw inputs away from the activation kinks")
+    inputs, rng = draw_clear_of_kinks(
+        seed,
+        lambda rng: make_inputs(rng, kind, T=T, N=N, H=H, bidirectional=bi, **input_options),
+        lambda inputs: kink_distance(kind, desc, inputs),
+        KINK_CLEARANCE,
+    )
     cot = cotangents_like(
         rng,
         kind,

@@ -31,6 +31,7 @@ from cases import (
     check_gradients_close,
     cotangents_like,
     flag_cases,
+    full_descriptor,
     gradient_op,
     gradient_tol,
     make_cotangents,
@@ -149,10 +150,7 @@ def optional_input_cases():
 @pytest.mark.parametrize(("kind", "options"), list(optional_input_cases()))
 def test_each_optional_input_matches_reference(rng, device, kind, options, bidirectional, dtype):
     # GRU with reset_after so that secondary_bias matters (reset_after = False is below).
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **options)
+    compare(rng, device, kind, dtype, full_descriptor(kind, bidirectional=bidirectional), **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -213,12 +211,9 @@ SIZES = AWKWARD_SIZES + [(16, 16, 10, 64)]  # large enough for the CPU's threade
 @pytest.mark.parametrize("kind", KINDS)
 def test_awkward_sizes_match_reference(rng, device, kind, size, bidirectional, dtype):
     T, N, I, H = size  # noqa: E741
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
     options = {**all_inputs(kind), **all_cotangents(kind, T)}
     options["I"] = I
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     compare(rng, device, kind, dtype, desc, T=T, N=N, H=H, **options)
 
 
@@ -254,9 +249,7 @@ def test_same_training_state_gives_the_reference_gradients(rng, device, kind, dt
     """Both gradient ops fed the very same training state (the reference's, rounded to
     dtype): the gradient op alone, without the forward's rounding."""
     skip_unsupported(device, dtype)
-    desc = make_descriptor(
-        kind, bidirectional=True, **({"reset_after": True} if kind == "gru" else {})
-    )
+    desc = full_descriptor(kind, bidirectional=True)
     inputs = make_inputs(
         rng, kind, T=T_, N=N_, H=H_, bidirectional=True, dtype=dtype, **all_inputs(kind)
     )
@@ -312,10 +305,7 @@ def test_zero_time_steps(
     without one); dinit_cell the final-form cell_gradient (zeros otherwise)."""
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     inputs = zero_case_inputs(rng, kind, 0, N_, bidirectional, dtype, with_init)
     cot = cotangents_like(
         rng, kind, inputs, state_gradient=state_gradient, cell_gradient=cell_gradient
@@ -343,10 +333,7 @@ def test_zero_batch(rng, device, kind, bidirectional, T, dtype):
     """N = 0: empty source / state gradients; weight and bias gradients are zeros."""
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     inputs = zero_case_inputs(rng, kind, T, 0, bidirectional, dtype, True)
     for cg in CELL_GRADIENT_FORMS if kind == "lstm" else (None,):
         cot = cotangents_like(rng, kind, inputs, state_gradient=True, cell_gradient=cg)

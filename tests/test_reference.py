@@ -18,6 +18,7 @@ import copy
 import itertools
 from types import SimpleNamespace
 
+import cases
 import numpy as np
 import pytest
 from cases import (
@@ -28,10 +29,14 @@ from cases import (
     GRADIENT_FIELDS,
     MASK_FORMS,
     FDCases,
+    cotangent_loss,
+    cotangents_like,
+    draw_clear_of_kinks,
+    elementwise_fd,
     final_state,
     other_activations,
 )
-from util import assert_rel_close
+from util import TORCH_LAYERS, assert_rel_close, torch_layer_of
 
 import rnncore
 from rnncore import _ops, reference
@@ -136,14 +141,7 @@ def loss(kind, d, inputs, cot):
     H = inputs["recurrent_weight"].shape[-1]
     bi = bool(getattr(d, "bidirectional", False))
     out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=False, produce_cell=True))
-    total = np.sum(out.state * cot["source_gradient"])
-    if "state_gradient" in cot:
-        total += np.sum(final_state(out.state, H, bi) * cot["state_gradient"])
-    if "cell_gradient" in cot:
-        cg = cot["cell_gradient"]
-        cell = out.cell if cg.ndim == 3 else final_state(out.cell, H, bi)
-        total += np.sum(cell * cg)
-    return total
+    return cotangent_loss(out, cot, H, bi)
 
 
 def reference_gradients(kind, d, inputs, cot):
@@ -165,82 +163,26 @@ def reference_gradients(kind, d, inputs, cot):
     )
 
 
-def numerical_gradient(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to the array x (in place)."""
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        orig = x[idx]
-        x[idx] = orig + eps
-        plus = f()
-        x[idx] = orig - eps
-        minus = f()
-        x[idx] = orig
-        g[idx] = (plus - minus) / (2 * eps)
-    return g
-
-
-def preactivations(kind, d, inputs):
-    """(pre-activation values, activation) pairs of a forward run, to avoid kinks."""
-    acts = {**DEFAULT_ACTIVATIONS[kind], **{k: getattr(d, k) for k in vars(d) if "activ" in k}}
-    out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
-    H = inputs["recurrent_weight"].shape[-1]
-    T, N = out.state.shape[:2]
-    D = 2 if getattr(d, "bidirectional", False) else 1
-    if kind == "rnn":
-        return [(out.z_state, acts["activation"])]
-    if kind == "lstm":
-        a = out.z_state.reshape(T, N, D, 4, H)
-        order = "izfo" if getattr(d, "forget_gate_last", False) else "ifzo"
-        names = dict(i="input", f="forget", z="cell", o="output")
-        pairs = [(a[..., k, :], acts[f"{names[g]}_gate_activation"]) for k, g in enumerate(order)]
-        return pairs + [(out.cell, acts["activation"])]
-    reset_after = getattr(d, "reset_after", False)
-    zs = out.z_state.reshape(T, N, D, 4 if reset_after else 3, H)
-    kz, kr = (1, 0) if getattr(d, "reset_gate_first", False) else (0, 1)
-    a_o = zs[..., 2, :]
-    if reset_after:  # a_o = x'_o + r ⊙ q
-        a_o = (
-            zs[..., 3, :] + reference.activate(zs[..., kr, :], acts["reset_gate_activation"]) * a_o
-        )
-    return [
-        (zs[..., kz, :], acts["update_gate_activation"]),
-        (zs[..., kr, :], acts["reset_gate_activation"]),
-        (a_o, acts["output_gate_activation"]),
-    ]
-
-
 def kink_distance(kind, d, inputs):
     """How far the pre-activations are from relu's and hard_sigmoid's kinks."""
-    dist = np.inf
-    for x, act in preactivations(kind, d, inputs):
-        if x.size and act == RELU:
-            dist = min(dist, np.abs(x).min())
-        if x.size and act == HARD_SIGMOID:
-            dist = min(dist, np.abs(np.abs(x) - 2.5).min())
-    return dist
+    out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
+    defaults = DEFAULT_ACTIVATIONS[kind]
+    H = inputs["recurrent_weight"].shape[-1]
+    return cases.kink_distance(
+        kind, out, H, lambda field: getattr(d, field, defaults.get(field, False))
+    )
 
 
 # --------------------------------------------------------------------------------------
 # PyTorch (contract: "Mapping other frameworks onto the descriptors")
 # --------------------------------------------------------------------------------------
 
-TORCH_KINDS = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+TORCH_KINDS = tuple(TORCH_LAYERS)
 
 
 def torch_layer(kind, I, H, bidirectional):  # noqa: E741
-    torch.manual_seed(7)
-    if kind.startswith("rnn"):
-        nl = kind.split("_")[1]
-        layer = torch.nn.RNN(I, H, nonlinearity=nl, bidirectional=bidirectional)
-    elif kind == "lstm":
-        layer = torch.nn.LSTM(I, H, bidirectional=bidirectional)
-    else:
-        layer = torch.nn.GRU(I, H, bidirectional=bidirectional)
-    layer = layer.double()
-    with torch.no_grad():  # larger weights than the default init: more nonlinearity
-        for p in layer.parameters():
-            p.mul_(2.0)
-    return layer
+    # Larger weights than the default init: more nonlinearity.
+    return torch_layer_of(kind, I, H, bidirectional, seed=7, scale=2.0)
 
 
 def torch_params(layer, bidirectional):
@@ -444,20 +386,16 @@ def test_gradients_finite_differences(index, kind, fields, options):
         k: v for k, v in options.items() if k not in ("state_gradient", "cell_gradient")
     }
     # Draw inputs whose pre-activations stay clear of relu / hard_sigmoid kinks.
-    for attempt in range(50):
-        rng = np.random.default_rng([index, attempt])
-        inputs = make_inputs(rng, kind, T, N, I, H, bi, **input_options)
-        if kink_distance(kind, d, inputs) > 1e-4:
-            break
-    else:
-        pytest.fail("could not draw inputs away from the activation kinks")
-    cot = make_cotangents(
+    inputs, rng = draw_clear_of_kinks(
+        index,
+        lambda rng: make_inputs(rng, kind, T, N, I, H, bi, **input_options),
+        lambda inputs: kink_distance(kind, d, inputs),
+        1e-4,
+    )
+    cot = cotangents_like(
         rng,
         kind,
-        T,
-        N,
-        H,
-        bi,
+        inputs,
         state_gradient=options.get("state_gradient", True),
         cell_gradient=options.get("cell_gradient", "final"),
     )
@@ -471,7 +409,7 @@ def test_gradients_finite_differences(index, kind, fields, options):
             continue
         assert isinstance(value, np.ndarray) and value.dtype == np.float64, field
         assert value.shape == np.shape(inputs[field]), field
-        expected = numerical_gradient(lambda: loss(kind, d, inputs, cot), inputs[field])
+        expected = elementwise_fd(lambda: loss(kind, d, inputs, cot), inputs[field])
         assert_rel_close(value, expected, 1e-6, f"d{field}")
 
 

@@ -25,6 +25,29 @@ def assert_rel_close(actual, expected, tol, what=""):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
 
+# PyTorch's layer class and its options for each PyTorch mode the suites compare with.
+TORCH_LAYERS = {
+    "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
+    "rnn_relu": ("RNN", {"nonlinearity": "relu"}),
+    "lstm": ("LSTM", {}),
+    "gru": ("GRU", {}),
+}
+
+
+def torch_layer_of(mode, I, H, bidirectional, *, seed, scale=1.0):  # noqa: E741
+    """A float64 one-layer PyTorch module of `mode` (TORCH_LAYERS) with the weights of
+    torch.manual_seed(seed) times `scale`."""
+    import torch
+
+    torch.manual_seed(seed)
+    cls, options = TORCH_LAYERS[mode]
+    layer = getattr(torch.nn, cls)(I, H, bidirectional=bidirectional, **options).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.mul_(scale)
+    return layer
+
+
 def devices_under_test():
     """Devices the suites run on: every available one, or RNNCORE_DEVICE alone."""
     forced = os.environ.get("RNNCORE_DEVICE")
