@@ -254,13 +254,18 @@ def result_fields(kind):
     return _ops.KINDS[kind].result._fields
 
 
+def z_width(kind, reset_after=False):
+    """Training-state (z_state) channels per direction, in units of H."""
+    return {"rnn": 1, "lstm": 4, "gru": 4 if reset_after else 3}[kind]
+
+
 def expected_shapes(kind, descriptor, T, N, H):
     """Shape of every output field of `kind` (None where the contract says absent)."""
     D = 2 if descriptor.bidirectional else 1
     shapes = {"state": (T, N, D * H), "z_state": None}
     if descriptor.training:
-        width = {"rnn": 1, "lstm": 4, "gru": 4 if kind == "gru" and descriptor.reset_after else 3}
-        shapes["z_state"] = (T, N, D * width[kind] * H)
+        width = z_width(kind, kind == "gru" and descriptor.reset_after)
+        shapes["z_state"] = (T, N, D * width * H)
     if kind == "lstm":
         produce = descriptor.produce_cell or descriptor.training
         shapes["cell"] = (T, N, D * H) if produce else None

@@ -57,7 +57,7 @@ import warnings
 
 import numpy as np
 from cases import ACTIVATIONS as ACTIVATION_NAMES
-from cases import DEFAULT_ACTIVATIONS, FLAG_FIELDS, OPTIONAL_INPUTS
+from cases import DEFAULT_ACTIVATIONS, FLAG_FIELDS, OPTIONAL_INPUTS, z_width
 from util import FORWARD_TOL, GRADIENT_TOL
 
 import rnncore
@@ -125,10 +125,6 @@ def device_dtypes(device):
 # --------------------------------------------------------------------------------------
 # Shapes: the contract's, and the validity of any set of them
 # --------------------------------------------------------------------------------------
-
-
-def z_width(kind, reset_after):
-    return {"rnn": 1, "lstm": 4, "gru": 4 if reset_after else 3}[kind]
 
 
 def contract_shapes(kind, grad, T, N, I, H, bi, reset_after, given, mask_shape, cell_form):  # noqa: E741

@@ -12,7 +12,7 @@ import bad_input
 import numpy as np
 import pytest
 from bad_input import H, I, N, T, all_of, build_args, name_re, rand, shape_re, unique
-from cases import ACTIVATION_FIELDS, GATES, KINDS, input_shapes
+from cases import ACTIVATION_FIELDS, GATES, KINDS, input_shapes, z_width
 from cases import make_descriptor as descriptor
 
 import rnncore
@@ -385,8 +385,7 @@ def test_zero_sizes(rng, device, kind, T_, N_, bidirectional, with_init):
     result = call(kind, args, descriptor(kind, **flags), device)
     assert result.state.shape == (T_, N_, D * H)
     assert result.state.dtype == np.float32
-    zw = {"rnn": 1, "lstm": 4, "gru": 4}[kind]
-    assert result.z_state.shape == (T_, N_, D * zw * H)
+    assert result.z_state.shape == (T_, N_, D * z_width(kind, reset_after=True) * H)
     if kind == "lstm":
         assert result.cell.shape == (T_, N_, D * H)
 

@@ -17,7 +17,7 @@ import bad_input
 import numpy as np
 import pytest
 from bad_input import H, I, N, T, all_of, build_args, name_re, rand, shape_re, unique
-from cases import GATES, KINDS, input_shapes
+from cases import GATES, KINDS, input_shapes, z_width
 from cases import make_descriptor as descriptor
 
 import rnncore
@@ -26,11 +26,6 @@ from rnncore import _ops
 OP = {k: kind.gradients for k, kind in _ops.KINDS.items()}
 # The required positional arguments, in order.
 POSITIONAL = {k: kind.gradient_required for k, kind in _ops.KINDS.items()}
-
-
-def z_width(kind, reset_after=False):
-    """Training-state channels per direction, in units of H."""
-    return {"rnn": 1, "lstm": 4, "gru": 4 if reset_after else 3}[kind]
 
 
 def base_shapes(kind, bidirectional=False, reset_after=False):

@@ -45,7 +45,7 @@ from cases import (
 )
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
 
 T_, N_, I_, H_ = 4, 3, 5, 6
 
@@ -348,9 +348,7 @@ def test_zero_batch(rng, device, kind, bidirectional, T, dtype):
 def test_every_gradient_field_is_checked():
     """The sweeps above name every field of every gradient result."""
     for kind in KINDS:
-        result = {"rnn": rnncore.RNNGradients, "lstm": rnncore.LSTMGradients}.get(
-            kind, rnncore.GRUGradients
-        )
+        result = getattr(rnncore, _ops.KINDS[kind].gradient_result.__name__)
         assert result._fields == GRADIENT_FIELDS[kind]
         fields = set(GRADIENT_FIELDS[kind]) - {"source", "recurrent_weight"}
         assert fields <= set(OPTIONAL_INPUTS[kind]), kind

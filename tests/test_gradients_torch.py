@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from cases import (
     DTYPES,
+    GATES,
     gradient_tol,
     make_descriptor,
     run_gradients,
@@ -177,7 +178,7 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 
     dx = ref["x"].grad.numpy()
     check(grads.source, dx[::-1] if direction == "reverse" else dx, "dsource")
-    G = {"rnn": 1, "lstm": 4, "gru": 3}[kind]
+    G = GATES[kind]
     for d, p in enumerate(params):
         rows = slice(d * G * H, (d + 1) * G * H)
         dR = grads.recurrent_weight[d] if bidirectional else grads.recurrent_weight

@@ -31,10 +31,12 @@ from cases import (
     FDCases,
     cotangent_loss,
     cotangents_like,
+    descriptor_class,
     draw_clear_of_kinks,
     elementwise_fd,
     final_state,
     other_activations,
+    z_width,
 )
 from util import TORCH_LAYERS, assert_rel_close, torch_layer_of
 
@@ -660,9 +662,8 @@ def test_zero_time_steps(kind, bidirectional):
     inputs = make_inputs(rng, kind, 0, N, I, H, bidirectional)
     d = desc(bidirectional=bidirectional, reset_after=True)
     out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
-    width = {"rnn": 1, "lstm": 4, "gru": 4}[kind]
     assert out.state.shape == (0, N, D * H)
-    assert out.z_state.shape == (0, N, D * width * H)
+    assert out.z_state.shape == (0, N, D * z_width(kind, reset_after=True) * H)
 
     for cell_form in ("final", None):
         cot = make_cotangents(
@@ -730,10 +731,7 @@ def zero_size_inputs(rng, kind, T, N, I, H, bidirectional, full):  # noqa: E741
 
 
 def compiled_descriptor(kind, **fields):
-    cls = {"rnn": rnncore.RNNDescriptor, "lstm": rnncore.LSTMDescriptor}.get(
-        kind, rnncore.GRUDescriptor
-    )
-    return cls(**fields)
+    return descriptor_class(kind)(**fields)
 
 
 def forward_and_gradients(module, kind, d, inputs, cot, **kwargs):
