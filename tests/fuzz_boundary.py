@@ -56,10 +56,13 @@ import types
 import warnings
 
 import numpy as np
+from cases import ACTIVATIONS as ACTIVATION_NAMES
+from cases import DEFAULT_ACTIVATIONS, FLAG_FIELDS, OPTIONAL_INPUTS, z_width
 from util import FORWARD_TOL, GRADIENT_TOL
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
+from rnncore._ops import rel_err
 
 try:
     import torch
@@ -69,77 +72,35 @@ except ImportError:  # pragma: no cover - torch is a test dependency
 # Part of every case's random state: change it to draw a new set of cases.
 GENERATION = 1
 
-KINDS = ("rnn", "lstm", "gru")
-GATES = {"rnn": 1, "lstm": 4, "gru": 3}
-FORWARD = {"rnn": "single_gate_rnn", "lstm": "lstm", "gru": "gru"}
-GRADIENT = {k: v + "_gradients" for k, v in FORWARD.items()}
-DESCRIPTOR = {"rnn": "RNNDescriptor", "lstm": "LSTMDescriptor", "gru": "GRUDescriptor"}
+KINDS = tuple(_ops.KINDS)
+GATES = {k: kind.gates for k, kind in _ops.KINDS.items()}
+FORWARD = {k: kind.forward for k, kind in _ops.KINDS.items()}
+GRADIENT = {k: kind.gradients for k, kind in _ops.KINDS.items()}
+DESCRIPTOR = {k: kind.descriptor for k, kind in _ops.KINDS.items()}
 RESULT = {
-    ("rnn", False): "RNNResult",
-    ("lstm", False): "LSTMResult",
-    ("gru", False): "GRUResult",
-    ("rnn", True): "RNNGradients",
-    ("lstm", True): "LSTMGradients",
-    ("gru", True): "GRUGradients",
+    (k, grad): (kind.gradient_result if grad else kind.result).__name__
+    for k, kind in _ops.KINDS.items()
+    for grad in (False, True)
 }
-FLAGS = {
-    "rnn": ("reverse", "bidirectional", "training"),
-    "lstm": ("reverse", "bidirectional", "training", "produce_cell", "forget_gate_last"),
-    "gru": ("reverse", "bidirectional", "training", "reset_gate_first", "reset_after", "flip_z"),
-}
-ACTIVATIONS = {
-    "rnn": {"activation": 1},
-    "lstm": {
-        "input_gate_activation": 3,
-        "forget_gate_activation": 3,
-        "cell_gate_activation": 2,
-        "output_gate_activation": 3,
-        "activation": 2,
-    },
-    "gru": {"update_gate_activation": 3, "reset_gate_activation": 3, "output_gate_activation": 2},
-}
+
+
+def _flags(kind):
+    """The descriptor's boolean fields, those every kind has first: the order in which a
+    case draws them (part of what a seed means)."""
+    common = [f for f in FLAG_FIELDS[kind] if all(f in FLAG_FIELDS[k] for k in KINDS)]
+    return tuple(common + [f for f in FLAG_FIELDS[kind] if f not in common])
+
+
+FLAGS = {k: _flags(k) for k in KINDS}
+# Activation field -> its default (the descriptor's).
+ACTIVATIONS = {k: dict(DEFAULT_ACTIVATIONS[k]) for k in KINDS}
 # Forward signature, in order (all positional-or-keyword).
-FORWARD_ARGS = {
-    "rnn": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask"),
-    "lstm": (
-        "source",
-        "recurrent_weight",
-        "input_weight",
-        "bias",
-        "init_state",
-        "init_cell",
-        "mask",
-        "peephole",
-    ),
-    "gru": (
-        "source",
-        "recurrent_weight",
-        "input_weight",
-        "bias",
-        "init_state",
-        "mask",
-        "secondary_bias",
-    ),
-}
+FORWARD_ARGS = {k: ("source", "recurrent_weight") + OPTIONAL_INPUTS[k] for k in KINDS}
 # Gradient signature: positional, then keyword-only.
-GRADIENT_POSITIONAL = {
-    "rnn": ("source", "recurrent_weight", "source_gradient", "z_state"),
-    "lstm": ("source", "recurrent_weight", "source_gradient", "z_state", "cell_output_fwd"),
-    "gru": ("source", "recurrent_weight", "source_gradient", "z_state", "output_fwd"),
-}
+GRADIENT_POSITIONAL = {k: kind.gradient_required for k, kind in _ops.KINDS.items()}
 GRADIENT_KEYWORD = {
-    "rnn": ("state_gradient", "input_weight", "bias", "init_state", "mask"),
-    "lstm": (
-        "state_gradient",
-        "cell_gradient",
-        "input_weight",
-        "bias",
-        "init_state",
-        "init_cell",
-        "mask",
-        "peephole",
-    ),
-    "gru": ("state_gradient", "input_weight", "bias", "init_state", "mask", "secondary_bias"),
+    k: ("state_gradient",) + (("cell_gradient",) if k == "lstm" else ()) + OPTIONAL_INPUTS[k]
+    for k in KINDS
 }
 # Inputs that a forward run's results depend on (a gradient case must not change them
 # after computing the training state); the forward's own outputs.
@@ -164,10 +125,6 @@ def device_dtypes(device):
 # --------------------------------------------------------------------------------------
 # Shapes: the contract's, and the validity of any set of them
 # --------------------------------------------------------------------------------------
-
-
-def z_width(kind, reset_after):
-    return {"rnn": 1, "lstm": 4, "gru": 4 if reset_after else 3}[kind]
 
 
 def contract_shapes(kind, grad, T, N, I, H, bi, reset_after, given, mask_shape, cell_form):  # noqa: E741
@@ -250,12 +207,7 @@ def shape_problem(kind, grad, bi, reset_after, shapes):
 def expected_shapes(kind, grad, fields, shapes):
     """Output shapes of a valid call (None: absent), for the cases with no reference."""
     if grad:
-        names = {
-            "rnn": reference.RNNGradients._fields,
-            "lstm": reference.LSTMGradients._fields,
-            "gru": reference.GRUGradients._fields,
-        }[kind]
-        return {n: shapes.get(n) for n in names}
+        return {n: shapes.get(n) for n in _ops.KINDS[kind].gradient_fields}
     T, N = shapes["source"][:2]
     H = shapes["recurrent_weight"][-1]
     D = 2 if fields.get("bidirectional") else 1
@@ -458,11 +410,7 @@ class Case:
         I = pick(rng, (None, 0, 1, 2, 5, 31, 32, 33), (3, 2, 2, 3, 2, 1, 1, 1))  # noqa: E741
         if self.device != "cpu" and H > 8 and T * N > 6:  # the emulator is slow
             T = min(T, 2)
-        optional = {
-            "rnn": ["bias", "init_state", "mask"],
-            "lstm": ["bias", "init_state", "init_cell", "mask", "peephole"],
-            "gru": ["bias", "init_state", "mask", "secondary_bias"],
-        }[kind]
+        optional = [n for n in OPTIONAL_INPUTS[kind] if n != "input_weight"]
         if grad:
             optional += ["state_gradient"] + (["cell_gradient"] if kind == "lstm" else [])
         given = [n for n in optional if rng.random() < 0.5]
@@ -526,7 +474,7 @@ class Case:
                 values[f] = np.bool_(fields[f]) if rng.random() < 0.1 else fields[f]
         for f in ACTIVATIONS[kind]:
             if rng.random() < 0.3:
-                a = int(rng.integers(5))
+                a = int(rng.integers(len(ACTIVATION_NAMES)))
                 fields[f] = a
                 values[f] = pick(
                     rng,
@@ -542,7 +490,8 @@ class Case:
             values.pop("reset_after", None)
             if not any(fields.get(f, d) != d for f, d in _defaults(kind)):
                 f = pick(rng, list(ACTIVATIONS[kind]))
-                fields[f] = values[f] = (ACTIVATIONS[kind][f] + 1 + int(rng.integers(4))) % 5
+                other = ACTIVATIONS[kind][f] + 1 + int(rng.integers(len(ACTIVATION_NAMES) - 1))
+                fields[f] = values[f] = other % len(ACTIVATION_NAMES)
             self.descriptor_plan = "omit"
             self.invalid.append("gradient op without descriptor")
         self.fields = fields
@@ -993,14 +942,6 @@ def clear_error(case, exc, stage):
         isinstance(exc, TypeError)
         and re.match(rf"{case.op}\(\) (takes|missing|got) ", msg) is not None
     )
-
-
-def rel_err(a, e):
-    a = np.asarray(a, np.float64)
-    e = np.asarray(e, np.float64)
-    den = np.linalg.norm(e)
-    num = np.linalg.norm(a - e)
-    return num / den if den > 1e-30 else num
 
 
 def reference_result(case, perturb=0.0):

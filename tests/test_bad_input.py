@@ -1,78 +1,36 @@
 """Bad inputs to the forward ops: every one is refused with the right exception and a
 message naming the operation, the argument, the shape it got and the shape it needs
-(spec/api.md "Arrays", spec/semantics.md "Shapes"); nothing crashes.
+(docs/api.md "Arrays", docs/semantics.md "Shapes"); nothing crashes.
 
-The checks are table-driven: ``CASES`` holds one ``Case`` per bad (or borderline but
-valid) input, built from a valid base call by replacing some of its arguments.
+The checks are table-driven: ``CASES`` holds one ``bad_input.Case`` per bad (or borderline
+but valid) input, built from a valid base call by replacing some of its arguments.
 """
 
 import re
-from typing import NamedTuple, Optional
 
+import bad_input
 import numpy as np
 import pytest
+from bad_input import H, I, N, T, all_of, build_args, name_re, rand, shape_re, unique
+from cases import ACTIVATION_FIELDS, GATES, KINDS, input_shapes, z_width
+from cases import make_descriptor as descriptor
 
 import rnncore
-from rnncore import reference
-
-# Small sizes, chosen so that the shapes in the messages are unambiguous.
-T, N, I, H = 5, 4, 7, 3  # noqa: E741
-KINDS = ("rnn", "lstm", "gru")
-G = {"rnn": 1, "lstm": 4, "gru": 3}
-OP = {"rnn": "single_gate_rnn", "lstm": "lstm", "gru": "gru"}
-DESCRIPTOR = {"rnn": "RNNDescriptor", "lstm": "LSTMDescriptor", "gru": "GRUDescriptor"}
-ACTIVATION_FIELDS = {
-    "rnn": ("activation",),
-    "lstm": (
-        "input_gate_activation",
-        "forget_gate_activation",
-        "cell_gate_activation",
-        "output_gate_activation",
-        "activation",
-    ),
-    "gru": ("update_gate_activation", "reset_gate_activation", "output_gate_activation"),
-}
+from rnncore import _ops, reference
 
 
 def base_shapes(kind, bidirectional=False, input_weight=True):
     """Shapes of a valid call with every input of `kind` given, in signature order."""
-    D = 2 if bidirectional else 1
-    GH, DH = G[kind] * H, D * H
-    shapes = {
-        "source": (T, N, I) if input_weight else (T, N, D * GH),
-        "recurrent_weight": (2, GH, H) if bidirectional else (GH, H),
-    }
-    if input_weight:
-        shapes["input_weight"] = (D * GH, I)
-    shapes["bias"] = (D * GH,)
-    shapes["init_state"] = (N, DH)
-    if kind == "lstm":
-        shapes["init_cell"] = (N, DH)
-    shapes["mask"] = (N, DH)
-    if kind == "lstm":
-        shapes["peephole"] = (2, 4 * H) if bidirectional else (4 * H,)
-    if kind == "gru":
-        shapes["secondary_bias"] = (DH,)
-    return shapes
+    return input_shapes(
+        kind, T=T, N=N, H=H, I=I if input_weight else None, bidirectional=bidirectional
+    )
 
 
 # ---- message patterns ---------------------------------------------------------------
 
 
 def op_re(kind):
-    return r"\[" + OP[kind] + r"\]"
-
-
-def name_re(name):
-    # \b...\b: "bias" must not be satisfied by "secondary_bias".
-    return r"\b" + re.escape(name) + r"\b"
-
-
-def shape_re(shape):
-    """A shape as printed in messages: (4, 3), (12,) or (12), ()."""
-    if len(shape) == 1:
-        return r"\(" + str(shape[0]) + r",?\)"
-    return r"\(" + r",\s*".join(str(s) for s in shape) + r"\)"
+    return r"\[" + _ops.KINDS[kind].forward + r"\]"
 
 
 def rank_re(rank, shape):
@@ -83,54 +41,28 @@ def rank_re(rank, shape):
     return "|".join(alternatives)
 
 
-def all_of(*pieces):
-    """A regex that matches when every piece occurs somewhere, in any order."""
-    return "(?s)^" + "".join("(?=.*(?:" + p + "))" for p in pieces)
-
-
 # ---- cases ---------------------------------------------------------------------------
 
 
-class Case(NamedTuple):
-    kind: str
-    id: str
-    shapes: dict  # argument -> shape (None: argument not given)
-    dtypes: dict  # argument -> dtype (default float32)
-    flags: dict  # descriptor fields
-    exc: Optional[type]  # None: the call must succeed
-    pattern: str  # regex the message must match
-
-
-def case(kind, tag, *, bidirectional=False, input_weight=True, shapes=None, dtypes=None,
-         flags=None, exc=None, pieces=()):  # fmt: skip
-    """A call of `kind` with base_shapes(...) updated by `shapes`; `pieces` are regexes
-    that must all occur in the message (besides the op name)."""
-    s = base_shapes(kind, bidirectional, input_weight)
-    s.update(shapes or {})
+def case(kind, tag, *, bidirectional=False, input_weight=True, flags=None, **kw):
+    """A call of `kind` with base_shapes(...) updated by `shapes` (see bad_input.case)."""
     f = dict(flags or {})
     if bidirectional:
         f["bidirectional"] = True
         tag = "bi-" + tag
-    pattern = all_of(op_re(kind), *pieces) if exc is not None else ""
-    return Case(kind, f"{kind}-{tag}", s, dict(dtypes or {}), f, exc, pattern)
+    base = base_shapes(kind, bidirectional, input_weight)
+    return bad_input.case(kind, tag, base, flags=f, **kw)
 
 
 def shape_error(kind, name, got, want, **kw):
     """A ValueError naming `name`, `got` and `want`."""
-    return case(
-        kind,
-        f"{name}{list(got)}",
-        shapes={name: got},
-        exc=ValueError,
-        pieces=(name_re(name), shape_re(got), shape_re(want)),
-        **kw,
-    )
+    return bad_input.shape_error(case, kind, name, got, want, **kw)
 
 
 def cases_for(kind):
     out = []
     base = base_shapes(kind)
-    GH, DH = G[kind] * H, H
+    GH, DH = GATES[kind] * H, H
     others = [n for n in base if n not in ("source", "recurrent_weight")]
 
     # -- wrong rank ---------------------------------------------------------------------
@@ -184,19 +116,8 @@ def cases_for(kind):
     # The source defines T, N and I: a longer source is valid; another N or I makes the
     # arguments that depend on it wrong.
     out.append(case(kind, "source-T+1-valid", shapes={"source": (T + 1, N, I)}))
-    out.append(
-        case(
-            kind,
-            "source-N+1",
-            shapes={"source": (T, N + 1, I)},
-            exc=ValueError,
-            pieces=(
-                "|".join(name_re(n) for n in ("init_state", "init_cell", "mask")),
-                shape_re((N + 1, DH)),
-                shape_re((N, DH)),
-            ),
-        )
-    )
+    names = "|".join(name_re(n) for n in ("init_state", "init_cell", "mask"))
+    out.append(bad_input.other_batch(case, kind, names, shape_re((N + 1, DH)), shape_re((N, DH))))
     out.append(
         case(
             kind,
@@ -208,45 +129,10 @@ def cases_for(kind):
     )
 
     # -- dtypes ----------------------------------------------------------------------------
-    for name in base:
-        for dt in ("int32", "complex64"):
-            out.append(
-                case(
-                    kind,
-                    f"{name}-{dt}",
-                    dtypes={name: dt},
-                    exc=TypeError,
-                    pieces=(name_re(name), dt),
-                )
-            )
-        out.append(
-            case(
-                kind,
-                f"{name}-float64-among-float32",
-                dtypes={name: "float64"},
-                exc=TypeError,
-                pieces=(name_re(name), "float64", "float32"),
-            )
-        )
-    out.append(
-        case(
-            kind,
-            "init_state-float32-among-float64",
-            dtypes={n: "float64" for n in base if n != "init_state"},
-            exc=TypeError,
-            pieces=(name_re("init_state"), "float64", "float32"),
-        )
-    )
+    out += bad_input.dtype_errors(case, kind, base, ("int32", "complex64"))
+    out.append(bad_input.float32_among_float64(case, kind, "init_state", base))
     for dt in ("int64", "uint8", "bool", "float16", "complex128"):
-        out.append(
-            case(
-                kind,
-                f"source-{dt}",
-                dtypes={"source": dt},
-                exc=TypeError,
-                pieces=(name_re("source"), dt),
-            )
-        )
+        out.append(bad_input.dtype_error(case, kind, f"source-{dt}", "source", {"source": dt}, dt))
 
     # -- bidirectional -------------------------------------------------------------------
     bi = base_shapes(kind, bidirectional=True)
@@ -331,36 +217,14 @@ def cases_for(kind):
     out.append(case(kind, "no-input_weight-valid", input_weight=False, bidirectional=True))
     required_only = {n: None for n in others if n != "input_weight"}
     out.append(case(kind, "only-required", input_weight=False, shapes=required_only))
-    unique = {}
-    for c in out:
-        unique.setdefault(c.id, c)
-    return list(unique.values())
+    return unique(out)
 
 
 CASES = [c for kind in KINDS for c in cases_for(kind)]
 
 
-def rand(rng, shape, dtype):
-    a = rng.uniform(-0.5, 0.5, shape)
-    if np.dtype(dtype).kind == "b":
-        return a > 0
-    return a.astype(dtype)
-
-
-def build_args(rng, c):
-    return {
-        name: rand(rng, shape, c.dtypes.get(name, "float32"))
-        for name, shape in c.shapes.items()
-        if shape is not None
-    }
-
-
-def descriptor(kind, **flags):
-    return getattr(rnncore, DESCRIPTOR[kind])(**flags)
-
-
 def call(kind, args, desc, device):
-    return getattr(rnncore, OP[kind])(**args, descriptor=desc, device=device)
+    return getattr(rnncore, _ops.KINDS[kind].forward)(**args, descriptor=desc, device=device)
 
 
 def expected_state_shape(c):
@@ -377,13 +241,13 @@ def test_forward_input_validation(rng, device, c):
         result = call(c.kind, args, desc, device)
         assert result.state.shape == expected_state_shape(c)
         assert result.state.dtype == np.float32
-        expected = getattr(reference, OP[c.kind])(**args, descriptor=desc)
+        expected = getattr(reference, _ops.KINDS[c.kind].forward)(**args, descriptor=desc)
         err = np.linalg.norm(result.state - expected.state) / max(
             np.linalg.norm(expected.state), 1e-30
         )
         assert err < 1e-5
         return
-    with pytest.raises(c.exc, match=c.pattern):
+    with pytest.raises(c.exc, match=all_of(op_re(c.kind), *c.pieces)):
         call(c.kind, args, desc, device)
 
 
@@ -486,7 +350,7 @@ def test_non_finite_values_do_not_crash(rng, device, kind):
 @pytest.mark.parametrize(("kind", "field"), [(k, f) for k in KINDS for f in ACTIVATION_FIELDS[k]])
 @pytest.mark.parametrize("value", [5, -1, 7, 2**31, -(2**40), 2**70])
 def test_out_of_range_activation_raises_value_error(kind, field, value):
-    cls = getattr(rnncore, DESCRIPTOR[kind])
+    cls = getattr(rnncore, _ops.KINDS[kind].descriptor)
     with pytest.raises(ValueError, match=name_re(field)):
         cls(**{field: value})
     d = cls()
@@ -521,8 +385,7 @@ def test_zero_sizes(rng, device, kind, T_, N_, bidirectional, with_init):
     result = call(kind, args, descriptor(kind, **flags), device)
     assert result.state.shape == (T_, N_, D * H)
     assert result.state.dtype == np.float32
-    zw = {"rnn": 1, "lstm": 4, "gru": 4}[kind]
-    assert result.z_state.shape == (T_, N_, D * zw * H)
+    assert result.z_state.shape == (T_, N_, D * z_width(kind, reset_after=True) * H)
     if kind == "lstm":
         assert result.cell.shape == (T_, N_, D * H)
 
@@ -539,9 +402,9 @@ def test_zero_time_steps_with_wrong_init_state_is_still_refused(rng, device, kin
 def test_zero_input_features(rng, device, kind):
     """I = 0 with an input weight [G*H, 0]: x' is just the bias."""
     args = build_args(rng, case(kind, "x", shapes={"source": (T, N, 0)}))
-    args["input_weight"] = np.zeros((G[kind] * H, 0), np.float32)
+    args["input_weight"] = np.zeros((GATES[kind] * H, 0), np.float32)
     result = call(kind, args, None, device)
-    expected = getattr(reference, OP[kind])(**args)
+    expected = getattr(reference, _ops.KINDS[kind].forward)(**args)
     np.testing.assert_allclose(result.state, expected.state, rtol=1e-5, atol=1e-6)
 
 
@@ -576,7 +439,7 @@ def test_none_descriptor_means_defaults(rng, device, kind):
     np.testing.assert_array_equal(a.state, b.state)
     assert a.z_state is None
     # No descriptor argument at all.
-    c = getattr(rnncore, OP[kind])(**args, device=device)
+    c = getattr(rnncore, _ops.KINDS[kind].forward)(**args, device=device)
     np.testing.assert_array_equal(a.state, c.state)
 
 

@@ -1,6 +1,6 @@
 """Bad inputs to the gradient ops: each is refused with ValueError / TypeError whose
 message starts with the operation in brackets ("[gru_gradients] ..."), names the
-argument and shows the shape it got and the shape it needs (spec/api.md "Arrays");
+argument and shows the shape it got and the shape it needs (docs/api.md "Arrays");
 nothing crashes.
 
 The gradient ops take the forward's inputs again (their checks are the forward's, spot
@@ -12,59 +12,38 @@ shape, a cell_gradient of neither accepted form, and mixed or integer dtypes.
 """
 
 import re
-from typing import NamedTuple, Optional
 
+import bad_input
 import numpy as np
 import pytest
+from bad_input import H, I, N, T, all_of, build_args, name_re, rand, shape_re, unique
+from cases import GATES, KINDS, input_shapes, z_width
+from cases import make_descriptor as descriptor
 
 import rnncore
+from rnncore import _ops
 
-T, N, I, H = 5, 4, 7, 3  # noqa: E741
-KINDS = ("rnn", "lstm", "gru")
-G = {"rnn": 1, "lstm": 4, "gru": 3}
-OP = {"rnn": "single_gate_rnn_gradients", "lstm": "lstm_gradients", "gru": "gru_gradients"}
-FORWARD = {"rnn": "single_gate_rnn", "lstm": "lstm", "gru": "gru"}
-DESCRIPTOR = {"rnn": "RNNDescriptor", "lstm": "LSTMDescriptor", "gru": "GRUDescriptor"}
+OP = {k: kind.gradients for k, kind in _ops.KINDS.items()}
 # The required positional arguments, in order.
-POSITIONAL = {
-    "rnn": ("source", "recurrent_weight", "source_gradient", "z_state"),
-    "lstm": ("source", "recurrent_weight", "source_gradient", "z_state", "cell_output_fwd"),
-    "gru": ("source", "recurrent_weight", "source_gradient", "z_state", "output_fwd"),
-}
-
-
-def z_width(kind, reset_after=False):
-    """Training-state channels per direction, in units of H."""
-    return {"rnn": 1, "lstm": 4, "gru": 4 if reset_after else 3}[kind]
+POSITIONAL = {k: kind.gradient_required for k, kind in _ops.KINDS.items()}
 
 
 def base_shapes(kind, bidirectional=False, reset_after=False):
-    """Shapes of a valid call with every argument of `kind` given, in signature order."""
+    """Shapes of a valid call with every argument of `kind` given, in signature order:
+    the forward's inputs with the training state and the incoming gradients after the
+    weights."""
     D = 2 if bidirectional else 1
-    GH, DH = G[kind] * H, D * H
-    shapes = {
-        "source": (T, N, I),
-        "recurrent_weight": (2, GH, H) if bidirectional else (GH, H),
-        "source_gradient": (T, N, DH),
-        "z_state": (T, N, D * z_width(kind, reset_after) * H),
-    }
-    if kind == "lstm":
-        shapes["cell_output_fwd"] = (T, N, DH)
-    if kind == "gru":
-        shapes["output_fwd"] = (T, N, DH)
+    DH = D * H
+    forward = input_shapes(kind, T=T, N=N, H=H, I=I, bidirectional=bidirectional)
+    shapes = {n: forward.pop(n) for n in ("source", "recurrent_weight")}
+    shapes["source_gradient"] = (T, N, DH)
+    shapes["z_state"] = (T, N, D * z_width(kind, reset_after) * H)
+    for name in POSITIONAL[kind][4:]:  # cell_output_fwd / output_fwd
+        shapes[name] = (T, N, DH)
     shapes["state_gradient"] = (N, DH)
     if kind == "lstm":
         shapes["cell_gradient"] = (N, DH)
-    shapes["input_weight"] = (D * GH, I)
-    shapes["bias"] = (D * GH,)
-    shapes["init_state"] = (N, DH)
-    if kind == "lstm":
-        shapes["init_cell"] = (N, DH)
-    shapes["mask"] = (N, DH)
-    if kind == "lstm":
-        shapes["peephole"] = (2, 4 * H) if bidirectional else (4 * H,)
-    if kind == "gru":
-        shapes["secondary_bias"] = (DH,)
+    shapes.update(forward)
     return shapes
 
 
@@ -75,40 +54,11 @@ def op_re(kind):
     return r"^\[" + OP[kind] + r"\]"
 
 
-def name_re(name):
-    # Not preceded/followed by a word character: "bias" is not "secondary_bias".
-    return r"(?<![\w])" + re.escape(name) + r"(?![\w])"
-
-
-def shape_re(shape):
-    """A shape as printed in messages: (4, 3), (12,) or (12), ()."""
-    if len(shape) == 1:
-        return r"\(" + str(shape[0]) + r",?\)"
-    return r"\(" + r",\s*".join(str(s) for s in shape) + r"\)"
-
-
-def all_of(*pieces):
-    """A regex that matches when every piece occurs somewhere, in any order."""
-    return "(?s)" + "".join("(?=.*(?:" + p + "))" for p in pieces)
-
-
 # ---- cases ---------------------------------------------------------------------------
 
 
-class Case(NamedTuple):
-    kind: str
-    id: str
-    shapes: dict  # argument -> shape (None: not given)
-    dtypes: dict  # argument -> dtype (default float32)
-    flags: dict  # descriptor fields
-    exc: Optional[type]  # None: the call must succeed
-    pieces: tuple  # regexes that must all occur in the message
-
-
-def case(kind, tag, *, bidirectional=False, reset_after=False, shapes=None, dtypes=None,
-         exc=None, pieces=()):  # fmt: skip
-    s = base_shapes(kind, bidirectional, reset_after)
-    s.update(shapes or {})
+def case(kind, tag, *, bidirectional=False, reset_after=False, **kw):
+    """A call of `kind` with base_shapes(...) updated by `shapes` (see bad_input.case)."""
     flags = {}
     if bidirectional:
         flags["bidirectional"] = True
@@ -116,19 +66,13 @@ def case(kind, tag, *, bidirectional=False, reset_after=False, shapes=None, dtyp
     if reset_after:
         flags["reset_after"] = True
         tag = "ra-" + tag
-    return Case(kind, f"{kind}-{tag}", s, dict(dtypes or {}), flags, exc, tuple(pieces))
+    base = base_shapes(kind, bidirectional, reset_after)
+    return bad_input.case(kind, tag, base, flags=flags, **kw)
 
 
 def shape_error(kind, name, got, *want, **kw):
     """A ValueError naming `name`, the shape `got` and every shape in `want`."""
-    return case(
-        kind,
-        f"{name}{list(got)}",
-        shapes={name: got},
-        exc=ValueError,
-        pieces=(name_re(name), shape_re(got), *(shape_re(w) for w in want)),
-        **kw,
-    )
+    return bad_input.shape_error(case, kind, name, got, *want, **kw)
 
 
 def cases_for(kind):
@@ -202,9 +146,11 @@ def cases_for(kind):
 
     # -- the forward's inputs are checked as the forward checks them (spot checks) --------
     out.append(shape_error(kind, "init_state", (N, DH + 1), (N, DH)))
-    out.append(shape_error(kind, "bias", (G[kind] * H + 1,), (G[kind] * H,)))
-    out.append(shape_error(kind, "input_weight", (G[kind] * H, I + 1), (G[kind] * H, I)))
-    out.append(shape_error(kind, "recurrent_weight", (G[kind] * H + 1, H), (G[kind] * H, H)))
+    out.append(shape_error(kind, "bias", (GATES[kind] * H + 1,), (GATES[kind] * H,)))
+    out.append(shape_error(kind, "input_weight", (GATES[kind] * H, I + 1), (GATES[kind] * H, I)))
+    out.append(
+        shape_error(kind, "recurrent_weight", (GATES[kind] * H + 1, H), (GATES[kind] * H, H))
+    )
     out.append(shape_error(kind, "mask", (T, N, DH), (N, DH)))
     out.append(shape_error(kind, "mask", (N + 1, DH), (N, DH)))
     if kind == "lstm":
@@ -215,89 +161,24 @@ def cases_for(kind):
         # Ignored without reset_after, but its shape is still checked.
         out.append(shape_error(kind, "secondary_bias", (H + 1,), (H,)))
         out.append(shape_error(kind, "secondary_bias", (H + 1,), (H,), reset_after=True))
-    out.append(
-        case(
-            kind,
-            "source-N+1",
-            shapes={"source": (T, N + 1, I)},
-            exc=ValueError,
-            pieces=(r"\(\d+, " + str(N + 1) + r"\b|\(" + str(N + 1) + ",",),  # a shape with N+1
-        )
-    )
+    with_n1 = r"\(\d+, " + str(N + 1) + r"\b|\(" + str(N + 1) + ","  # a shape with N+1
+    out.append(bad_input.other_batch(case, kind, with_n1))
 
     # -- dtypes ------------------------------------------------------------------------------
-    for name in base:
-        for dt in ("int32", "int64"):
-            out.append(
-                case(
-                    kind,
-                    f"{name}-{dt}",
-                    dtypes={name: dt},
-                    exc=TypeError,
-                    pieces=(name_re(name), dt),
-                )  # fmt: skip
-            )
-        out.append(
-            case(
-                kind,
-                f"{name}-float64-among-float32",
-                dtypes={name: "float64"},
-                exc=TypeError,
-                pieces=(name_re(name), "float64", "float32"),
-            )
-        )
+    out += bad_input.dtype_errors(case, kind, base, ("int32", "int64"))
     for name in ("source_gradient", "z_state", "state_gradient"):
-        out.append(
-            case(
-                kind,
-                f"{name}-float32-among-float64",
-                dtypes={n: "float64" for n in base if n != name},
-                exc=TypeError,
-                pieces=(name_re(name), "float64", "float32"),
-            )
-        )
+        out.append(bad_input.float32_among_float64(case, kind, name, base))
     for dt in ("uint8", "bool", "float16", "complex64", "complex128"):
-        out.append(
-            case(
-                kind,
-                f"z_state-{dt}",
-                dtypes={"z_state": dt},
-                exc=TypeError,
-                pieces=(name_re("z_state"), dt),
-            )  # fmt: skip
-        )
+        tag = f"z_state-{dt}"
+        out.append(bad_input.dtype_error(case, kind, tag, "z_state", {"z_state": dt}, dt))
     out.append(case(kind, "all-float64-valid", dtypes={n: "float64" for n in base}))
     out.append(case(kind, "valid"))
     out.append(case(kind, "valid", bidirectional=True))
 
-    unique = {}
-    for c in out:
-        unique.setdefault(c.id, c)
-    return list(unique.values())
+    return unique(out)
 
 
 CASES = [c for kind in KINDS for c in cases_for(kind)]
-
-
-def rand(rng, shape, dtype):
-    a = rng.uniform(-0.5, 0.5, shape)
-    if np.dtype(dtype).kind == "b":
-        return a > 0
-    if np.dtype(dtype).kind in "iu":
-        return (a * 10).astype(dtype)
-    return a.astype(dtype)
-
-
-def build_args(rng, c):
-    return {
-        name: rand(rng, shape, c.dtypes.get(name, "float32"))
-        for name, shape in c.shapes.items()
-        if shape is not None
-    }
-
-
-def descriptor(kind, **flags):
-    return getattr(rnncore, DESCRIPTOR[kind])(**flags)
 
 
 def call(kind, args, desc, device=None):
@@ -352,7 +233,7 @@ def forward_then_gradients(rng, kind, forward_flags, gradient_flags, device):
         n: rand(rng, shapes[n], "float32")
         for n in ("source", "recurrent_weight", "input_weight", "bias")
     }
-    fwd = getattr(rnncore, FORWARD[kind])(**inputs, descriptor=fwd_desc, device=device)
+    fwd = getattr(rnncore, _ops.KINDS[kind].forward)(**inputs, descriptor=fwd_desc, device=device)
     D = 2 if gradient_flags.get("bidirectional", False) else 1
     gshapes = base_shapes(kind, D == 2)
     args = {

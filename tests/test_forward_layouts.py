@@ -11,7 +11,7 @@ from cases import (
     DTYPES,
     KINDS,
     OPTIONAL_INPUTS,
-    make_descriptor,
+    full_descriptor,
     make_inputs,
     result_fields,
     run,
@@ -24,10 +24,7 @@ T, N, I, H = 4, 3, 5, 6  # noqa: E741
 
 
 def descriptor(kind):
-    flags = {"bidirectional": True, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
-    return make_descriptor(kind, **flags)
+    return full_descriptor(kind, bidirectional=True, training=True)
 
 
 def inputs_for(rng, kind, dtype):

@@ -7,7 +7,7 @@ onnxruntime's add up to a few 1e-7 relative on these sizes).
 
 import numpy as np
 import pytest
-from cases import forward_tol, make_descriptor, skip_unsupported
+from cases import forward_tol, make_descriptor, op, skip_unsupported
 from util import assert_rel_close
 
 import rnncore
@@ -168,9 +168,8 @@ def check_against_onnx(result, onnx_out, direction, tol, what):
 
 def run_rnncore(kind, args, desc, dtype, device):
     args = {k: np.asarray(v, dtype=dtype) for k, v in args.items()}
-    fn = {"rnn": rnncore.single_gate_rnn, "lstm": rnncore.lstm, "gru": rnncore.gru}[kind]
     source, rec = args.pop("source"), args.pop("recurrent_weight")
-    return fn(source, rec, **args, descriptor=desc, device=device)
+    return op(rnncore, kind)(source, rec, **args, descriptor=desc, device=device)
 
 
 def compare_both_dtypes(kind, args, desc, onnx_out, direction, device, what):

@@ -4,25 +4,26 @@ Every output is compared (state, cell, z_state) within FORWARD_TOL of the inputs
 the reference always runs in float64 on the same (rounded) inputs.
 """
 
-import itertools
-
+import cases
 import numpy as np
 import pytest
 from cases import (
-    ACTIVATION_FIELDS,
-    ACTIVATIONS,
+    AWKWARD_SIZES,
+    DISTINCT_ACTIVATIONS,
     DTYPES,
-    FLAG_FIELDS,
     KINDS,
-    MASK_FORMS,
-    OPTIONAL_INPUTS,
+    activation_cases,
     as_float64,
     check_close,
     check_layout,
+    flag_cases,
     forward_tol,
+    full_descriptor,
     make_descriptor,
     make_inputs,
+    optional_input_cases,
     run,
+    size_ids,
     skip_unsupported,
 )
 
@@ -45,22 +46,7 @@ def compare(rng, device, kind, dtype, desc, *, T=T_, N=N_, H=H_, **input_options
 
 
 def all_inputs(kind):
-    """Every optional input of `kind` given (mask in its full [N, D·H] form)."""
-    options = {"I": I_, "bias": True, "init_state": True, "mask": "ndh"}
-    if kind == "lstm":
-        options.update(init_cell=True, peephole=True)
-    if kind == "gru":
-        options.update(secondary_bias=True)
-    return options
-
-
-def flag_cases():
-    for kind in KINDS:
-        fields = FLAG_FIELDS[kind]
-        for values in itertools.product((False, True), repeat=len(fields)):
-            flags = dict(zip(fields, values))
-            tag = "-".join(f for f, v in flags.items() if v) or "default"
-            yield pytest.param(kind, flags, id=f"{kind}-{tag}")
+    return cases.all_inputs(kind, I_)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -72,35 +58,16 @@ def test_every_flag_combination_matches_reference(rng, device, kind, flags, give
     compare(rng, device, kind, dtype, desc, **options)
 
 
-def optional_input_cases():
-    for kind in KINDS:
-        for name in OPTIONAL_INPUTS[kind]:
-            if name == "input_weight":
-                yield pytest.param(kind, {"I": I_}, id=f"{kind}-input_weight")
-            elif name == "mask":
-                for form in MASK_FORMS:
-                    yield pytest.param(kind, {"mask": form}, id=f"{kind}-mask_{form}")
-            else:
-                yield pytest.param(kind, {name: True}, id=f"{kind}-{name}")
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize(("kind", "options"), list(optional_input_cases()))
+@pytest.mark.parametrize(
+    ("kind", "options"), [p for kind in KINDS for p in optional_input_cases(kind, I_)]
+)
 def test_each_optional_input_matches_reference(rng, device, kind, options, bidirectional, dtype):
     # training so that z_state (and the LSTM cell) are compared too; GRU with reset_after
     # so that secondary_bias matters (reset_after=False ignoring it is in the flag sweep).
-    flags = {"bidirectional": bidirectional, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **options)
-
-
-def activation_cases():
-    for kind in KINDS:
-        for field in ACTIVATION_FIELDS[kind]:
-            for act in ACTIVATIONS:
-                yield pytest.param(kind, field, act, id=f"{kind}-{field}-{act}")
+    desc = full_descriptor(kind, bidirectional=bidirectional, training=True)
+    compare(rng, device, kind, dtype, desc, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -108,64 +75,27 @@ def activation_cases():
 def test_every_activation_on_every_gate_matches_reference(
     rng, device, kind, field, activation, dtype
 ):
-    flags = {field: activation, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **all_inputs(kind))
+    desc = full_descriptor(kind, training=True, **{field: activation})
+    compare(rng, device, kind, dtype, desc, **all_inputs(kind))
 
 
 def test_all_gates_with_distinct_activations_match_reference(rng, device):
     """One descriptor per op with every gate's activation different from its default."""
-    descs = {
-        "rnn": dict(activation="HARD_SIGMOID"),
-        "lstm": dict(
-            input_gate_activation="HARD_SIGMOID",
-            forget_gate_activation="TANH",
-            cell_gate_activation="RELU",
-            output_gate_activation="NONE",
-            activation="SIGMOID",
-        ),
-        "gru": dict(
-            update_gate_activation="HARD_SIGMOID",
-            reset_gate_activation="TANH",
-            output_gate_activation="RELU",
-            reset_after=True,
-        ),
-    }
-    for kind, fields in descs.items():
+    for kind, fields in DISTINCT_ACTIVATIONS.items():
         for bidirectional in (False, True):
             desc = make_descriptor(kind, training=True, bidirectional=bidirectional, **fields)
             compare(rng, device, kind, np.float32, desc, **all_inputs(kind))
 
 
-# (T, N, I, H): T = 1, N = 1, H either side of 32, I != H, and no input weight (I None).
-SIZES = [
-    (1, 3, 4, 5),
-    (5, 1, 4, 5),
-    (3, 2, 7, 1),
-    (3, 2, 7, 31),
-    (3, 2, 40, 32),
-    (3, 2, 7, 33),
-    (4, 5, None, 33),
-    (7, 9, 33, 32),
-    (2, 3, 9, 127),
-    (3, 67, 8, 33),
-]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize(
-    ("T", "N", "I", "H"), SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES]
-)
+@pytest.mark.parametrize(("T", "N", "I", "H"), AWKWARD_SIZES, ids=size_ids(AWKWARD_SIZES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_awkward_sizes_match_reference(rng, device, kind, T, N, I, H, bidirectional, dtype):  # noqa: E741
-    flags = {"bidirectional": bidirectional, "training": True}
-    if kind == "gru":
-        flags["reset_after"] = True
+    desc = full_descriptor(kind, bidirectional=bidirectional, training=True)
     options = all_inputs(kind)
     options["I"] = I
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), T=T, N=N, H=H, **options)
+    compare(rng, device, kind, dtype, desc, T=T, N=N, H=H, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -181,9 +111,7 @@ def test_zero_sizes_give_empty_outputs_of_the_right_shape(
     flags = {"bidirectional": bidirectional, "training": training}
     if kind == "lstm":
         flags["produce_cell"] = True
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, **flags)
     options = all_inputs(kind)
     inputs = make_inputs(
         rng, kind, T=T, N=N, H=H, bidirectional=bidirectional, dtype=dtype, **options

@@ -6,7 +6,7 @@ first, so the float32 run of rnncore sees exactly the same numbers as the float6
 
 import numpy as np
 import pytest
-from cases import DTYPES, forward_tol, make_descriptor, skip_unsupported
+from cases import DTYPES, forward_tol, make_descriptor, op, skip_unsupported
 from util import assert_rel_close
 
 import rnncore
@@ -109,9 +109,8 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
         if kind == "lstm":
             args["init_cell"] = to_init(c0)
     args = {k: v.astype(dtype) for k, v in args.items()}
-    fn = {"rnn": rnncore.single_gate_rnn, "lstm": rnncore.lstm, "gru": rnncore.gru}[kind]
     rec = args.pop("recurrent_weight")
-    result = fn(x.astype(dtype), rec, **args, descriptor=desc, device=device)
+    result = op(rnncore, kind)(x.astype(dtype), rec, **args, descriptor=desc, device=device)
 
     tol = forward_tol(dtype)
     what = f"{mode} D={D} init={with_init} {np.dtype(dtype).name}"

@@ -16,42 +16,39 @@ dtype, so this suite runs on device "cpu" whatever RNNCORE_DEVICE says.
 import itertools
 import zlib
 
+import cases
 import numpy as np
 import pytest
 from cases import (
     ACTIVATION_FIELDS,
+    DEFAULT_ACTIVATIONS,
+    FD_MODES,
+    FD_SIZES,
     GRADIENT_FIELDS,
     MASK_FORMS,
-    final_state,
-    make_cotangents,
+    FDCases,
+    all_inputs,
+    cotangent_loss,
+    cotangents_like,
+    draw_clear_of_kinks,
+    elementwise_fd,
     make_descriptor,
     make_inputs,
+    other_activations,
     run,
     run_gradients,
     training_forward,
     with_fields,
 )
-from util import rel_err
+from util import assert_rel_close
 
 import rnncore
-from rnncore import reference
 
 FD_TOL = 1e-6
 KINK_CLEARANCE = 1e-4
 A = rnncore.Activation
-DEFAULT_ACTIVATIONS = {
-    kind: {f: getattr(make_descriptor(kind), f) for f in fields}
-    for kind, fields in ACTIVATION_FIELDS.items()
-}
-
-# (T, N, H, I): T in {1, 3}, N in {1, 2}, H in {1, 3}, I != H; cycled over the sweep.
-SMALL_SIZES = [(3, 2, 3, 2), (3, 1, 1, 2), (1, 2, 3, 2), (3, 2, 1, 4), (3, 1, 3, 2), (1, 1, 1, 2)]
-MODES = {
-    "fwd": {},
-    "rev": {"reverse": True},
-    "bi": {"bidirectional": True},
-    "bi+rev": {"bidirectional": True, "reverse": True},  # reverse is ignored
-}
+SMALL_SIZES = FD_SIZES
+MODES = FD_MODES
 
 
 # --------------------------------------------------------------------------------------
@@ -65,29 +62,7 @@ def loss(kind, desc, inputs, cot):
     if kind == "lstm":
         fields["produce_cell"] = True
     out = run(rnncore, kind, inputs, with_fields(desc, **fields), device="cpu")
-    H = inputs["recurrent_weight"].shape[-1]
-    bi = desc.bidirectional
-    total = np.sum(out.state * cot["source_gradient"])
-    if "state_gradient" in cot:
-        total += np.sum(final_state(out.state, H, bi) * cot["state_gradient"])
-    if "cell_gradient" in cot:
-        cg = cot["cell_gradient"]
-        total += np.sum((out.cell if cg.ndim == 3 else final_state(out.cell, H, bi)) * cg)
-    return total
-
-
-def elementwise_fd(f, x, eps=1e-6):
-    """Central differences of the scalar f() in every element of x (perturbed in place)."""
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        orig = x[idx]
-        x[idx] = orig + eps
-        plus = f()
-        x[idx] = orig - eps
-        minus = f()
-        x[idx] = orig
-        g[idx] = (plus - minus) / (2 * eps)
-    return g
+    return cotangent_loss(out, cot, inputs["recurrent_weight"].shape[-1], desc.bidirectional)
 
 
 def directional_fd(f, x, v, eps=1e-5):
@@ -101,78 +76,28 @@ def directional_fd(f, x, v, eps=1e-5):
     return (plus - minus) / (2 * eps)
 
 
-def activation_of(desc, field):
-    return int(getattr(desc, field))
-
-
-def preactivations(kind, desc, inputs):
-    """(pre-activation values, activation) pairs of rnncore's forward run."""
-    out = training_forward(rnncore, kind, inputs, desc, device="cpu")
-    T, N = out.state.shape[:2]
-    H = inputs["recurrent_weight"].shape[-1]
-    D = 2 if desc.bidirectional else 1
-    if kind == "rnn":
-        return [(out.z_state, activation_of(desc, "activation"))]
-    if kind == "lstm":
-        a = out.z_state.reshape(T, N, D, 4, H)
-        order = "izfo" if desc.forget_gate_last else "ifzo"
-        names = dict(i="input", f="forget", z="cell", o="output")
-        pairs = [
-            (a[..., k, :], activation_of(desc, f"{names[g]}_gate_activation"))
-            for k, g in enumerate(order)
-        ]
-        return pairs + [(out.cell, activation_of(desc, "activation"))]
-    zs = out.z_state.reshape(T, N, D, 4 if desc.reset_after else 3, H)
-    kz, kr = (1, 0) if desc.reset_gate_first else (0, 1)
-    a_o = zs[..., 2, :]
-    if desc.reset_after:  # a_o = x'_o + r ⊙ q
-        r = reference.activate(zs[..., kr, :], activation_of(desc, "reset_gate_activation"))
-        a_o = zs[..., 3, :] + r * a_o
-    return [
-        (zs[..., kz, :], activation_of(desc, "update_gate_activation")),
-        (zs[..., kr, :], activation_of(desc, "reset_gate_activation")),
-        (a_o, activation_of(desc, "output_gate_activation")),
-    ]
-
-
 def kink_distance(kind, desc, inputs):
-    dist = np.inf
-    for x, act in preactivations(kind, desc, inputs):
-        if x.size and act == A.RELU:
-            dist = min(dist, np.abs(x).min())
-        if x.size and act == A.HARD_SIGMOID:
-            dist = min(dist, np.abs(np.abs(x) - 2.5).min())
-    return dist
+    out = training_forward(rnncore, kind, inputs, desc, device="cpu")
+    H = inputs["recurrent_weight"].shape[-1]
+    return cases.kink_distance(kind, out, H, lambda field: getattr(desc, field))
 
 
 def draw(seed, kind, desc, size, options):
     """Inputs and cotangents (float64) whose pre-activations are clear of the kinks."""
     T, N, H, I = size  # noqa: E741
     bi = desc.bidirectional
-    input_options = {
-        "I": I,
-        "bias": True,
-        "init_state": True,
-        "mask": "ndh",
-        "init_cell": kind == "lstm",
-        "peephole": kind == "lstm",
-        "secondary_bias": kind == "gru",
-    }
+    input_options = all_inputs(kind, I)
     input_options.update({k: v for k, v in options.items() if k in input_options})
-    for attempt in range(50):
-        rng = np.random.default_rng([seed, attempt])
-        inputs = make_inputs(rng, kind, T=T, N=N, H=H, bidirectional=bi, **input_options)
-        if kink_distance(kind, desc, inputs) > KINK_CLEARANCE:
-            break
-    else:
-        pytest.fail("could not draw inputs away from the activation kinks")
-    cot = make_cotangents(
+    inputs, rng = draw_clear_of_kinks(
+        seed,
+        lambda rng: make_inputs(rng, kind, T=T, N=N, H=H, bidirectional=bi, **input_options),
+        lambda inputs: kink_distance(kind, desc, inputs),
+        KINK_CLEARANCE,
+    )
+    cot = cotangents_like(
         rng,
         kind,
-        T=T,
-        N=N,
-        H=H,
-        bidirectional=bi,
+        inputs,
         state_gradient=options.get("state_gradient", True),
         cell_gradient=options.get("cell_gradient", "final"),
     )
@@ -202,16 +127,8 @@ def differentiable(kind, inputs):
 
 def fd_cases():
     """(id, kind, descriptor fields, options) for the element-by-element sweep."""
-    cases = []
-
-    def add(kind, fields, **options):
-        name = "-".join(
-            [kind]
-            + [f"{k}={int(v)}" for k, v in fields.items()]
-            + [f"{k}={v}" for k, v in options.items()]
-        )
-        cases.append((name, kind, fields, options))
-
+    cases = FDCases()
+    add = cases.add
     modes = list(MODES.values())
     forms = ("final", "steps", None)
 
@@ -229,16 +146,9 @@ def fd_cases():
         add("lstm", mode, cell_gradient=cg)
     add("lstm", MODES["bi"], cell_gradient="steps", state_gradient=False)
     # Every activation on every gate (and on the cell output).
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["lstm"].items():
-        for act in range(5):
-            if act != default:
-                add(
-                    "lstm",
-                    {**modes[k % 4], "forget_gate_last": k % 2 == 1, field: act},
-                    cell_gradient=forms[k % 3],
-                )
-                k += 1
+    for k, field, act in other_activations("lstm"):
+        fields = {**modes[k % 4], "forget_gate_last": k % 2 == 1, field: act}
+        add("lstm", fields, cell_gradient=forms[k % 3])
     # Peephole: bidirectional (MPSGraph refuses; the contract does not) and without.
     add("lstm", {"bidirectional": True, "forget_gate_last": True}, cell_gradient="steps")
     add("lstm", {"bidirectional": True}, peephole=False, I=None, init_cell=False)
@@ -258,13 +168,9 @@ def fd_cases():
     # GRU: every combination of the three flags in every direction mode.
     for mode, rgf, ra, fz in itertools.product(modes, *[(False, True)] * 3):
         add("gru", {**mode, "reset_gate_first": rgf, "reset_after": ra, "flip_z": fz})
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["gru"].items():
-        for act in range(5):
-            if act != default:
-                fields = {**modes[k % 4], "reset_after": k % 2 == 0, "flip_z": k % 4 == 1}
-                add("gru", {**fields, "reset_gate_first": k % 3 == 0, field: act})
-                k += 1
+    for k, field, act in other_activations("gru"):
+        fields = {**modes[k % 4], "reset_after": k % 2 == 0, "flip_z": k % 4 == 1}
+        add("gru", {**fields, "reset_gate_first": k % 3 == 0, field: act})
     add("gru", {"reset_after": True}, secondary_bias=False)
     add("gru", {"reset_after": True, "bidirectional": True}, state_gradient=False)
     add(
@@ -306,8 +212,7 @@ def test_gradients_match_finite_differences(index, kind, fields, options):
     grads = analytic(kind, desc, inputs, cot)
     for field in differentiable(kind, inputs):
         expected = elementwise_fd(lambda: loss(kind, desc, inputs, cot), inputs[field])
-        err = rel_err(getattr(grads, field), expected)
-        assert err <= FD_TOL, f"d{field}: relative error {err:.3e} > {FD_TOL:.0e}"
+        assert_rel_close(getattr(grads, field), expected, FD_TOL, f"d{field}")
 
 
 def test_fd_sweep_covers_every_flag_and_activation():
@@ -395,5 +300,4 @@ def test_directional_derivatives_at_awkward_sizes(kind, size, fields, tag):
             v /= max(np.linalg.norm(v), 1e-300)
             fd.append(directional_fd(f, x, v))
             an.append(np.sum(g * v))
-        err = rel_err(an, fd)
-        assert err <= FD_TOL, f"d{field}: relative error {err:.3e} > {FD_TOL:.0e}"
+        assert_rel_close(an, fd, FD_TOL, f"d{field}")

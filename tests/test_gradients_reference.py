@@ -14,34 +14,38 @@ N = 0) follow the contract's rules for them.
 import itertools
 from types import SimpleNamespace
 
+import cases
 import numpy as np
 import pytest
 from cases import (
-    ACTIVATION_FIELDS,
-    ACTIVATIONS,
+    AWKWARD_SIZES,
     CELL_GRADIENT_FORMS,
+    DISTINCT_ACTIVATIONS,
     DTYPES,
-    FLAG_FIELDS,
     GRADIENT_FIELDS,
     KINDS,
-    MASK_FORMS,
     OPTIONAL_INPUTS,
+    activation_cases,
     as_float64,
     check_gradient_layout,
     check_gradients_close,
+    cotangents_like,
+    flag_cases,
+    full_descriptor,
     gradient_op,
     gradient_tol,
     make_cotangents,
     make_descriptor,
     make_inputs,
     run_gradients,
+    size_ids,
     skip_unsupported,
     supported,
     training_forward,
 )
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
 
 T_, N_, I_, H_ = 4, 3, 5, 6
 
@@ -82,16 +86,8 @@ def compare(
     skip_unsupported(device, dtype)
     bi = desc.bidirectional
     inputs = make_inputs(rng, kind, T=T, N=N, H=H, bidirectional=bi, dtype=dtype, **input_options)
-    cot = make_cotangents(
-        rng,
-        kind,
-        T=T,
-        N=N,
-        H=H,
-        bidirectional=bi,
-        dtype=dtype,
-        state_gradient=state_gradient,
-        cell_gradient=cell_gradient,
+    cot = cotangents_like(
+        rng, kind, inputs, state_gradient=state_gradient, cell_gradient=cell_gradient
     )
     before = {k: v.copy() for k, v in {**inputs, **cot}.items()}
     actual, _ = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
@@ -105,13 +101,7 @@ def compare(
 
 
 def all_inputs(kind):
-    """Every optional input of `kind` given (mask in its full [N, D·H] form)."""
-    options = {"I": I_, "bias": True, "init_state": True, "mask": "ndh"}
-    if kind == "lstm":
-        options.update(init_cell=True, peephole=True)
-    if kind == "gru":
-        options.update(secondary_bias=True)
-    return options
+    return cases.all_inputs(kind, I_)
 
 
 def all_cotangents(kind, k=0):
@@ -124,18 +114,9 @@ def all_cotangents(kind, k=0):
 # --------------------------------------------------------------------------------------
 
 
-def flag_cases():
-    for kind in KINDS:
-        fields = FLAG_FIELDS[kind]
-        for k, values in enumerate(itertools.product((False, True), repeat=len(fields))):
-            flags = dict(zip(fields, values))
-            tag = "-".join(f for f, v in flags.items() if v) or "default"
-            yield pytest.param(kind, flags, k, id=f"{kind}-{tag}")
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("given", ["all-inputs", "no-optional-inputs"])
-@pytest.mark.parametrize(("kind", "flags", "k"), list(flag_cases()))
+@pytest.mark.parametrize(("kind", "flags", "k"), list(flag_cases(with_index=True)))
 def test_every_flag_combination_matches_reference(rng, device, kind, flags, k, given, dtype):
     desc = make_descriptor(kind, **flags)
     if given == "all-inputs":
@@ -151,15 +132,9 @@ def test_every_flag_combination_matches_reference(rng, device, kind, flags, k, g
 
 
 def optional_input_cases():
+    """Each optional input, and each optional cotangent, on its own."""
     for kind in KINDS:
-        for name in OPTIONAL_INPUTS[kind]:
-            if name == "input_weight":
-                yield pytest.param(kind, {"I": I_}, id=f"{kind}-input_weight")
-            elif name == "mask":
-                for form in MASK_FORMS:
-                    yield pytest.param(kind, {"mask": form}, id=f"{kind}-mask_{form}")
-            else:
-                yield pytest.param(kind, {name: True}, id=f"{kind}-{name}")
+        yield from cases.optional_input_cases(kind, I_)
         yield pytest.param(kind, {"state_gradient": True}, id=f"{kind}-state_gradient")
     for form in ("final", "steps"):
         yield pytest.param("lstm", {"cell_gradient": form}, id=f"lstm-cell_gradient_{form}")
@@ -175,10 +150,7 @@ def optional_input_cases():
 @pytest.mark.parametrize(("kind", "options"), list(optional_input_cases()))
 def test_each_optional_input_matches_reference(rng, device, kind, options, bidirectional, dtype):
     # GRU with reset_after so that secondary_bias matters (reset_after = False is below).
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    compare(rng, device, kind, dtype, make_descriptor(kind, **flags), **options)
+    compare(rng, device, kind, dtype, full_descriptor(kind, bidirectional=bidirectional), **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -198,15 +170,10 @@ def test_secondary_bias_without_reset_after_gets_zeros(rng, device, reverse, bid
 # --------------------------------------------------------------------------------------
 
 
-def activation_cases():
-    for kind in KINDS:
-        for field in ACTIVATION_FIELDS[kind]:
-            for k, act in enumerate(ACTIVATIONS):
-                yield pytest.param(kind, field, act, k, id=f"{kind}-{field}-{act}")
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize(("kind", "field", "activation", "k"), list(activation_cases()))
+@pytest.mark.parametrize(
+    ("kind", "field", "activation", "k"), list(activation_cases(with_index=True))
+)
 def test_every_activation_on_every_gate_matches_reference(
     rng, device, kind, field, activation, k, dtype
 ):
@@ -221,23 +188,7 @@ def test_every_activation_on_every_gate_matches_reference(
 
 def test_all_gates_with_distinct_activations_match_reference(rng, device):
     """One descriptor per op with every gate's activation different from its default."""
-    descs = {
-        "rnn": dict(activation="HARD_SIGMOID"),
-        "lstm": dict(
-            input_gate_activation="HARD_SIGMOID",
-            forget_gate_activation="TANH",
-            cell_gate_activation="RELU",
-            output_gate_activation="NONE",
-            activation="SIGMOID",
-        ),
-        "gru": dict(
-            update_gate_activation="HARD_SIGMOID",
-            reset_gate_activation="TANH",
-            output_gate_activation="RELU",
-            reset_after=True,
-        ),
-    }
-    for kind, fields in descs.items():
+    for kind, fields in DISTINCT_ACTIVATIONS.items():
         dtypes = [d for d in DTYPES if supported(device, d)]
         for bidirectional, dtype in itertools.product((False, True), dtypes):
             desc = make_descriptor(kind, bidirectional=bidirectional, **fields)
@@ -251,33 +202,18 @@ def test_all_gates_with_distinct_activations_match_reference(rng, device):
 
 # (T, N, I, H): T = 1, N = 1, H either side of 32, I != H, no input weight (I None), and
 # a batch large enough to be split over threads.
-SIZES = [
-    (1, 3, 4, 5),
-    (5, 1, 4, 5),
-    (3, 2, 7, 1),
-    (3, 2, 7, 31),
-    (3, 2, 40, 32),
-    (3, 2, 7, 33),
-    (4, 5, None, 33),
-    (7, 9, 33, 32),
-    (2, 3, 9, 127),
-    (3, 67, 8, 33),
-    (16, 16, 10, 64),  # large enough for the CPU backend's threaded paths
-]
+SIZES = AWKWARD_SIZES + [(16, 16, 10, 64)]  # large enough for the CPU's threaded paths
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
-@pytest.mark.parametrize("size", SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES])
+@pytest.mark.parametrize("size", SIZES, ids=size_ids(SIZES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_awkward_sizes_match_reference(rng, device, kind, size, bidirectional, dtype):
     T, N, I, H = size  # noqa: E741
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
     options = {**all_inputs(kind), **all_cotangents(kind, T)}
     options["I"] = I
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     compare(rng, device, kind, dtype, desc, T=T, N=N, H=H, **options)
 
 
@@ -313,23 +249,11 @@ def test_same_training_state_gives_the_reference_gradients(rng, device, kind, dt
     """Both gradient ops fed the very same training state (the reference's, rounded to
     dtype): the gradient op alone, without the forward's rounding."""
     skip_unsupported(device, dtype)
-    desc = make_descriptor(
-        kind, bidirectional=True, **({"reset_after": True} if kind == "gru" else {})
-    )
+    desc = full_descriptor(kind, bidirectional=True)
     inputs = make_inputs(
         rng, kind, T=T_, N=N_, H=H_, bidirectional=True, dtype=dtype, **all_inputs(kind)
     )
-    cot = make_cotangents(
-        rng,
-        kind,
-        T=T_,
-        N=N_,
-        H=H_,
-        bidirectional=True,
-        dtype=dtype,
-        state_gradient=True,
-        cell_gradient="steps",
-    )
+    cot = cotangents_like(rng, kind, inputs, state_gradient=True, cell_gradient="steps")
     fwd64 = training_forward(reference, kind, as_float64(inputs), desc)
     fwd = type(fwd64)(*(None if a is None else a.astype(dtype) for a in fwd64))
     actual, _ = run_gradients(rnncore, kind, inputs, desc, cot, forward=fwd, device=device)
@@ -346,17 +270,20 @@ def test_same_training_state_gives_the_reference_gradients(rng, device, kind, dt
 
 
 def zero_case_inputs(rng, kind, T, N, bidirectional, dtype, with_init):
-    options = {"I": I_, "bias": True, "mask": "ndh"}
-    if kind == "lstm":
-        options["peephole"] = True
-    if kind == "gru":
-        options["secondary_bias"] = True
-    if with_init:
-        options["init_state"] = True
-        options["init_cell"] = kind == "lstm"
+    options = all_inputs(kind)
+    if not with_init:
+        options.pop("init_state")
+        options.pop("init_cell", None)
     return make_inputs(
         rng, kind, T=T, N=N, H=H_, bidirectional=bidirectional, dtype=dtype, **options
     )
+
+
+def assert_weight_gradients_zero(grads, inputs, what):
+    """No step and no batch row: nothing accumulates into the weights and biases."""
+    for name in ("recurrent_weight", "input_weight", "bias", "peephole", "secondary_bias"):
+        if name in inputs:
+            assert not getattr(grads, name).any(), f"{what}: d{name} is not zero"
 
 
 def zero_cases():
@@ -378,30 +305,16 @@ def test_zero_time_steps(
     without one); dinit_cell the final-form cell_gradient (zeros otherwise)."""
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     inputs = zero_case_inputs(rng, kind, 0, N_, bidirectional, dtype, with_init)
-    cot = make_cotangents(
-        rng,
-        kind,
-        T=0,
-        N=N_,
-        H=H_,
-        bidirectional=bidirectional,
-        dtype=dtype,
-        state_gradient=state_gradient,
-        cell_gradient=cell_gradient,
+    cot = cotangents_like(
+        rng, kind, inputs, state_gradient=state_gradient, cell_gradient=cell_gradient
     )
     grads, _ = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
     what = f"{kind} T=0"
     check_gradient_layout(grads, kind, inputs, dtype, what)
     assert grads.source.shape == (0, N_, I_)
-    for name in ("recurrent_weight", "input_weight", "bias", "peephole", "secondary_bias"):
-        if name in inputs:
-            value = getattr(grads, name)
-            assert not value.any(), f"{what}: d{name} is not zero"
+    assert_weight_gradients_zero(grads, inputs, what)
     zeros = np.zeros((N_, D * H_), dtype)
     if with_init:
         np.testing.assert_array_equal(grads.init_state, cot.get("state_gradient", zeros))
@@ -420,39 +333,22 @@ def test_zero_batch(rng, device, kind, bidirectional, T, dtype):
     """N = 0: empty source / state gradients; weight and bias gradients are zeros."""
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
-    flags = {"bidirectional": bidirectional}
-    if kind == "gru":
-        flags["reset_after"] = True
-    desc = make_descriptor(kind, **flags)
+    desc = full_descriptor(kind, bidirectional=bidirectional)
     inputs = zero_case_inputs(rng, kind, T, 0, bidirectional, dtype, True)
     for cg in CELL_GRADIENT_FORMS if kind == "lstm" else (None,):
-        cot = make_cotangents(
-            rng,
-            kind,
-            T=T,
-            N=0,
-            H=H_,
-            bidirectional=bidirectional,
-            dtype=dtype,
-            state_gradient=True,
-            cell_gradient=cg,
-        )
+        cot = cotangents_like(rng, kind, inputs, state_gradient=True, cell_gradient=cg)
         grads, fwd = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
         assert fwd.state.shape == (T, 0, D * H_)
         check_gradient_layout(grads, kind, inputs, dtype, f"{kind} N=0")
         assert grads.source.shape == (T, 0, I_)
         assert grads.init_state.shape == (0, D * H_)
-        for name in ("recurrent_weight", "input_weight", "bias", "peephole", "secondary_bias"):
-            if name in inputs:
-                assert not getattr(grads, name).any(), f"{kind} N=0: d{name} is not zero"
+        assert_weight_gradients_zero(grads, inputs, f"{kind} N=0")
 
 
 def test_every_gradient_field_is_checked():
     """The sweeps above name every field of every gradient result."""
     for kind in KINDS:
-        result = {"rnn": rnncore.RNNGradients, "lstm": rnncore.LSTMGradients}.get(
-            kind, rnncore.GRUGradients
-        )
+        result = getattr(rnncore, _ops.KINDS[kind].gradient_result.__name__)
         assert result._fields == GRADIENT_FIELDS[kind]
         fields = set(GRADIENT_FIELDS[kind]) - {"source", "recurrent_weight"}
         assert fields <= set(OPTIONAL_INPUTS[kind]), kind

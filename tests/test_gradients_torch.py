@@ -16,7 +16,15 @@ its outputs in processing order: that is checked too.
 
 import numpy as np
 import pytest
-from cases import DTYPES, gradient_tol, make_descriptor, run_gradients, skip_unsupported
+from cases import (
+    DTYPES,
+    GATES,
+    gradient_tol,
+    make_descriptor,
+    run_gradients,
+    size_ids,
+    skip_unsupported,
+)
 from util import assert_rel_close
 
 import rnncore
@@ -115,23 +123,31 @@ def torch_run(module, mode, x, h0, c0, with_init, rng):
     return dict(y=y.detach().numpy(), dy=dy, dhn=dhn, dcn=dcn, x=xt, h0=h0t, c0=c0t, hn=hn.detach())
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("with_init", [False, True], ids=["zero-init", "init"])
-@pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("size", SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES])
-@pytest.mark.parametrize("mode", MODES)
-def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
+def torch_case(rng, mode, size, direction):
+    """PyTorch's layer for `mode`, its parameters per direction, rnncore's kind, descriptor
+    and weights for it, and random float32-representable x, h0, c0 in PyTorch's shapes."""
     T, N, I, H = size  # noqa: E741
-    skip_unsupported(device, dtype)
     bidirectional = direction == "bi"
     D = 2 if bidirectional else 1
     module = torch_module(mode, I, H, bidirectional)
     params = directions(module, bidirectional)
     kind, desc, weights = to_rnncore(mode, params, H, direction)
-
     x = f32(rng.standard_normal((T, N, I)))
     h0 = f32(0.7 * rng.standard_normal((D, N, H)))
     c0 = f32(rng.standard_normal((D, N, H)))
+    return module, params, kind, desc, weights, x, h0, c0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("with_init", [False, True], ids=["zero-init", "init"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("size", SIZES, ids=size_ids(SIZES))
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
+    T, N, I, H = size  # noqa: E741
+    skip_unsupported(device, dtype)
+    bidirectional = direction == "bi"
+    module, params, kind, desc, weights, x, h0, c0 = torch_case(rng, mode, size, direction)
     # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
     x_torch = x[::-1].copy() if direction == "reverse" else x
     ref = torch_run(module, mode, x_torch, h0, c0, with_init, rng)
@@ -162,7 +178,7 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 
     dx = ref["x"].grad.numpy()
     check(grads.source, dx[::-1] if direction == "reverse" else dx, "dsource")
-    G = {"rnn": 1, "lstm": 4, "gru": 3}[kind]
+    G = GATES[kind]
     for d, p in enumerate(params):
         rows = slice(d * G * H, (d + 1) * G * H)
         dR = grads.recurrent_weight[d] if bidirectional else grads.recurrent_weight
@@ -192,15 +208,10 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 def test_output_gradient_only_matches_torch_autograd(rng, device, mode, direction, dtype):
     """Without state_gradient / cell_gradient: the loss is sum(y·dy) alone."""
     skip_unsupported(device, dtype)
-    T, N, I, H = 5, 2, 3, 4  # noqa: E741
+    T, N, I, H = size = 5, 2, 3, 4  # noqa: E741
     bidirectional = direction == "bi"
     D = 2 if bidirectional else 1
-    module = torch_module(mode, I, H, bidirectional)
-    params = directions(module, bidirectional)
-    kind, desc, weights = to_rnncore(mode, params, H, direction)
-    x = f32(rng.standard_normal((T, N, I)))
-    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
-    c0 = f32(rng.standard_normal((D, N, H)))
+    module, params, kind, desc, weights, x, h0, c0 = torch_case(rng, mode, size, direction)
     dy = f32(rng.standard_normal((T, N, D * H)))
 
     xt = torch.tensor(x[::-1].copy() if direction == "reverse" else x)

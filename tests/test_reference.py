@@ -18,11 +18,30 @@ import copy
 import itertools
 from types import SimpleNamespace
 
+import cases
 import numpy as np
 import pytest
+from cases import (
+    DEFAULT_ACTIVATIONS,
+    FD_MODES,
+    FD_SIZES,
+    GATES,
+    GRADIENT_FIELDS,
+    MASK_FORMS,
+    FDCases,
+    cotangent_loss,
+    cotangents_like,
+    descriptor_class,
+    draw_clear_of_kinks,
+    elementwise_fd,
+    final_state,
+    other_activations,
+    z_width,
+)
+from util import TORCH_LAYERS, assert_rel_close, torch_layer_of
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
 
 try:
     import torch
@@ -32,34 +51,8 @@ except ImportError:  # pragma: no cover - torch is a test dependency
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
 
 NONE, RELU, TANH, SIGMOID, HARD_SIGMOID = range(5)
-GATES = {"rnn": 1, "lstm": 4, "gru": 3}
-FORWARD = {"rnn": reference.single_gate_rnn, "lstm": reference.lstm, "gru": reference.gru}
-BACKWARD = {
-    "rnn": reference.single_gate_rnn_gradients,
-    "lstm": reference.lstm_gradients,
-    "gru": reference.gru_gradients,
-}
-GRADIENT_FIELDS = {
-    "rnn": reference.RNNGradients._fields,
-    "lstm": reference.LSTMGradients._fields,
-    "gru": reference.GRUGradients._fields,
-}
-DEFAULT_ACTIVATIONS = {
-    "rnn": {"activation": RELU},
-    "lstm": {
-        "input_gate_activation": SIGMOID,
-        "forget_gate_activation": SIGMOID,
-        "cell_gate_activation": TANH,
-        "output_gate_activation": SIGMOID,
-        "activation": TANH,
-    },
-    "gru": {
-        "update_gate_activation": SIGMOID,
-        "reset_gate_activation": SIGMOID,
-        "output_gate_activation": TANH,
-    },
-}
-MASK_FORMS = ("scalar", "dh", "1dh", "n1", "ndh")
+FORWARD = {k: getattr(reference, kind.forward) for k, kind in _ops.KINDS.items()}
+BACKWARD = {k: getattr(reference, kind.gradients) for k, kind in _ops.KINDS.items()}
 
 
 def desc(**fields):
@@ -68,27 +61,6 @@ def desc(**fields):
 
 def with_fields(d, **fields):
     return SimpleNamespace(**{**vars(d), **fields})
-
-
-def rel_err(actual, expected):
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
-    den = np.linalg.norm(e)
-    num = np.linalg.norm(a - e)
-    return num / den if den > 1e-30 else num
-
-
-def assert_close(actual, expected, tol, what):
-    err = rel_err(actual, expected)
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
-
-
-def final_state(y, H, bidirectional):
-    """Each direction's final state (contract: "Bidirectional halves")."""
-    if bidirectional:
-        return np.concatenate([y[-1, :, :H], y[0, :, H:]], axis=-1)
-    return y[-1]
 
 
 # --------------------------------------------------------------------------------------
@@ -171,14 +143,7 @@ def loss(kind, d, inputs, cot):
     H = inputs["recurrent_weight"].shape[-1]
     bi = bool(getattr(d, "bidirectional", False))
     out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=False, produce_cell=True))
-    total = np.sum(out.state * cot["source_gradient"])
-    if "state_gradient" in cot:
-        total += np.sum(final_state(out.state, H, bi) * cot["state_gradient"])
-    if "cell_gradient" in cot:
-        cg = cot["cell_gradient"]
-        cell = out.cell if cg.ndim == 3 else final_state(out.cell, H, bi)
-        total += np.sum(cell * cg)
-    return total
+    return cotangent_loss(out, cot, H, bi)
 
 
 def reference_gradients(kind, d, inputs, cot):
@@ -200,82 +165,26 @@ def reference_gradients(kind, d, inputs, cot):
     )
 
 
-def numerical_gradient(f, x, eps=1e-6):
-    """Central differences of the scalar f() with respect to the array x (in place)."""
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        orig = x[idx]
-        x[idx] = orig + eps
-        plus = f()
-        x[idx] = orig - eps
-        minus = f()
-        x[idx] = orig
-        g[idx] = (plus - minus) / (2 * eps)
-    return g
-
-
-def preactivations(kind, d, inputs):
-    """(pre-activation values, activation) pairs of a forward run, to avoid kinks."""
-    acts = {**DEFAULT_ACTIVATIONS[kind], **{k: getattr(d, k) for k in vars(d) if "activ" in k}}
-    out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
-    H = inputs["recurrent_weight"].shape[-1]
-    T, N = out.state.shape[:2]
-    D = 2 if getattr(d, "bidirectional", False) else 1
-    if kind == "rnn":
-        return [(out.z_state, acts["activation"])]
-    if kind == "lstm":
-        a = out.z_state.reshape(T, N, D, 4, H)
-        order = "izfo" if getattr(d, "forget_gate_last", False) else "ifzo"
-        names = dict(i="input", f="forget", z="cell", o="output")
-        pairs = [(a[..., k, :], acts[f"{names[g]}_gate_activation"]) for k, g in enumerate(order)]
-        return pairs + [(out.cell, acts["activation"])]
-    reset_after = getattr(d, "reset_after", False)
-    zs = out.z_state.reshape(T, N, D, 4 if reset_after else 3, H)
-    kz, kr = (1, 0) if getattr(d, "reset_gate_first", False) else (0, 1)
-    a_o = zs[..., 2, :]
-    if reset_after:  # a_o = x'_o + r ⊙ q
-        a_o = (
-            zs[..., 3, :] + reference.activate(zs[..., kr, :], acts["reset_gate_activation"]) * a_o
-        )
-    return [
-        (zs[..., kz, :], acts["update_gate_activation"]),
-        (zs[..., kr, :], acts["reset_gate_activation"]),
-        (a_o, acts["output_gate_activation"]),
-    ]
-
-
 def kink_distance(kind, d, inputs):
     """How far the pre-activations are from relu's and hard_sigmoid's kinks."""
-    dist = np.inf
-    for x, act in preactivations(kind, d, inputs):
-        if x.size and act == RELU:
-            dist = min(dist, np.abs(x).min())
-        if x.size and act == HARD_SIGMOID:
-            dist = min(dist, np.abs(np.abs(x) - 2.5).min())
-    return dist
+    out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
+    defaults = DEFAULT_ACTIVATIONS[kind]
+    H = inputs["recurrent_weight"].shape[-1]
+    return cases.kink_distance(
+        kind, out, H, lambda field: getattr(d, field, defaults.get(field, False))
+    )
 
 
 # --------------------------------------------------------------------------------------
 # PyTorch (contract: "Mapping other frameworks onto the descriptors")
 # --------------------------------------------------------------------------------------
 
-TORCH_KINDS = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+TORCH_KINDS = tuple(TORCH_LAYERS)
 
 
 def torch_layer(kind, I, H, bidirectional):  # noqa: E741
-    torch.manual_seed(7)
-    if kind.startswith("rnn"):
-        nl = kind.split("_")[1]
-        layer = torch.nn.RNN(I, H, nonlinearity=nl, bidirectional=bidirectional)
-    elif kind == "lstm":
-        layer = torch.nn.LSTM(I, H, bidirectional=bidirectional)
-    else:
-        layer = torch.nn.GRU(I, H, bidirectional=bidirectional)
-    layer = layer.double()
-    with torch.no_grad():  # larger weights than the default init: more nonlinearity
-        for p in layer.parameters():
-            p.mul_(2.0)
-    return layer
+    # Larger weights than the default init: more nonlinearity.
+    return torch_layer_of(kind, I, H, bidirectional, seed=7, scale=2.0)
 
 
 def torch_params(layer, bidirectional):
@@ -355,11 +264,13 @@ def test_against_torch(kind, bidirectional, with_init):
 
     # Forward: outputs, and the final states torch returns.
     out = FORWARD[ref_kind](**inputs, descriptor=with_fields(d, training=True))
-    assert_close(out.state, y.detach().numpy(), 1e-12, "y")
-    assert_close(final_state(out.state, H, bidirectional), torch_states(hn.detach()), 1e-12, "hn")
+    assert_rel_close(out.state, y.detach().numpy(), 1e-12, "y")
+    assert_rel_close(
+        final_state(out.state, H, bidirectional), torch_states(hn.detach()), 1e-12, "hn"
+    )
     if kind == "lstm":
         final_cell = final_state(out.cell, H, bidirectional)
-        assert_close(final_cell, torch_states(cn.detach()), 1e-12, "cn")
+        assert_rel_close(final_cell, torch_states(cn.detach()), 1e-12, "cn")
 
     # Gradients.
     cot = {"source_gradient": dy, "state_gradient": torch_states(dhn)}
@@ -367,24 +278,24 @@ def test_against_torch(kind, bidirectional, with_init):
         cot["cell_gradient"] = torch_states(dcn)
     grads = reference_gradients(ref_kind, d, inputs, cot)
     tol = 1e-10
-    assert_close(grads.source, x.grad.numpy(), tol, "dsource")
+    assert_rel_close(grads.source, x.grad.numpy(), tol, "dsource")
     for dr, p in enumerate(tparams):
         G = GATES[ref_kind]
         rows = slice(dr * G * H, (dr + 1) * G * H)
         dR = grads.recurrent_weight[dr] if bidirectional else grads.recurrent_weight
-        assert_close(grads.input_weight[rows], p["weight_ih"].grad.numpy(), tol, f"dW[{dr}]")
-        assert_close(dR, p["weight_hh"].grad.numpy(), tol, f"dR[{dr}]")
+        assert_rel_close(grads.input_weight[rows], p["weight_ih"].grad.numpy(), tol, f"dW[{dr}]")
+        assert_rel_close(dR, p["weight_hh"].grad.numpy(), tol, f"dR[{dr}]")
         dbias = grads.bias[rows]
-        assert_close(dbias, p["bias_ih"].grad.numpy(), tol, f"db_ih[{dr}]")
+        assert_rel_close(dbias, p["bias_ih"].grad.numpy(), tol, f"db_ih[{dr}]")
         if kind == "gru":  # b_hh = [b_hr, b_hz] (summed into bias) and b_hn (secondary)
             db_hh = np.concatenate([dbias[: 2 * H], grads.secondary_bias[dr * H : (dr + 1) * H]])
         else:
             db_hh = dbias
-        assert_close(db_hh, p["bias_hh"].grad.numpy(), tol, f"db_hh[{dr}]")
+        assert_rel_close(db_hh, p["bias_hh"].grad.numpy(), tol, f"db_hh[{dr}]")
     if with_init:
-        assert_close(grads.init_state, torch_states(h0.grad.numpy()), tol, "dh0")
+        assert_rel_close(grads.init_state, torch_states(h0.grad.numpy()), tol, "dh0")
         if kind == "lstm":
-            assert_close(grads.init_cell, torch_states(c0.grad.numpy()), tol, "dc0")
+            assert_rel_close(grads.init_cell, torch_states(c0.grad.numpy()), tol, "dc0")
     else:
         assert grads.init_state is None
         if kind == "lstm":
@@ -395,46 +306,23 @@ def test_against_torch(kind, bidirectional, with_init):
 # Finite differences of the reference's own forward
 # --------------------------------------------------------------------------------------
 
-# (T, N, H, I): T in {1, 3}, N in {1, 2}, H in {1, 3}, I != H.
-FD_SIZES = [(3, 2, 3, 2), (3, 1, 1, 2), (1, 2, 3, 2), (3, 2, 1, 4), (3, 1, 3, 2), (1, 1, 1, 2)]
-MODES = {
-    "fwd": {},
-    "rev": {"reverse": True},
-    "bi": {"bidirectional": True},
-    "bi+rev": {"bidirectional": True, "reverse": True},  # reverse is ignored
-}
+MODES = FD_MODES
 
 
 def fd_cases():
     """(id, kind, descriptor fields, input options) for the finite-difference sweep."""
-    cases = []
-
-    def add(kind, fields, **options):
-        name = "-".join(
-            [kind]
-            + [f"{k}={int(v)}" for k, v in fields.items()]
-            + [f"{k}={v}" for k, v in options.items()]
-        )
-        cases.append((name, kind, fields, options))
-
+    cases = FDCases()
+    add = cases.add
     modes = list(MODES.values())
     # Single-gate RNN: every activation in every direction mode.
     for act, mode in itertools.product(range(5), modes):
         add("rnn", {**mode, "activation": act})
-    add(
-        "rnn",
-        {"bidirectional": True, "activation": TANH},
-        input_weight=False,
-        bias=False,
-        init_state=False,
-    )
-    add(
-        "rnn",
-        {"reverse": True, "activation": TANH},
-        input_weight=False,
-        mask=None,
-        state_gradient=False,
-    )
+    # Without the input weight, and without other inputs.
+    for fields, options in [
+        ({"bidirectional": True}, {"bias": False, "init_state": False}),
+        ({"reverse": True}, {"mask": None, "state_gradient": False}),
+    ]:
+        add("rnn", {**fields, "activation": TANH}, input_weight=False, **options)
     for form in ("scalar", "dh", "1dh", "n1"):
         add("rnn", {"bidirectional": True, "activation": SIGMOID}, mask=form)
 
@@ -445,17 +333,9 @@ def fd_cases():
     for cg, mode in itertools.product(forms, (MODES["rev"], MODES["bi"])):
         add("lstm", mode, cell_gradient=cg)
     # Every activation on every gate (and on the cell output).
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["lstm"].items():
-        for act in range(5):
-            if act != default:
-                mode = modes[k % len(modes)]
-                add(
-                    "lstm",
-                    {**mode, "forget_gate_last": k % 2 == 1, field: act},
-                    cell_gradient=forms[k % 3],
-                )
-                k += 1
+    for k, field, act in other_activations("lstm"):
+        fields = {**modes[k % len(modes)], "forget_gate_last": k % 2 == 1, field: act}
+        add("lstm", fields, cell_gradient=forms[k % 3])
     add("lstm", {"bidirectional": True}, peephole=False, input_weight=False, init_cell=False)
     add(
         "lstm",
@@ -473,13 +353,9 @@ def fd_cases():
     # GRU: every combination of the three flags in every direction mode.
     for mode, rgf, ra, fz in itertools.product(modes, *[(False, True)] * 3):
         add("gru", {**mode, "reset_gate_first": rgf, "reset_after": ra, "flip_z": fz})
-    k = 0
-    for field, default in DEFAULT_ACTIVATIONS["gru"].items():
-        for act in range(5):
-            if act != default:
-                mode = modes[k % len(modes)]
-                add("gru", {**mode, "reset_after": k % 2 == 0, "flip_z": k % 4 == 1, field: act})
-                k += 1
+    for k, field, act in other_activations("gru"):
+        mode = modes[k % len(modes)]
+        add("gru", {**mode, "reset_after": k % 2 == 0, "flip_z": k % 4 == 1, field: act})
     add("gru", {"reset_after": True}, secondary_bias=False)
     add(
         "gru",
@@ -512,20 +388,16 @@ def test_gradients_finite_differences(index, kind, fields, options):
         k: v for k, v in options.items() if k not in ("state_gradient", "cell_gradient")
     }
     # Draw inputs whose pre-activations stay clear of relu / hard_sigmoid kinks.
-    for attempt in range(50):
-        rng = np.random.default_rng([index, attempt])
-        inputs = make_inputs(rng, kind, T, N, I, H, bi, **input_options)
-        if kink_distance(kind, d, inputs) > 1e-4:
-            break
-    else:
-        pytest.fail("could not draw inputs away from the activation kinks")
-    cot = make_cotangents(
+    inputs, rng = draw_clear_of_kinks(
+        index,
+        lambda rng: make_inputs(rng, kind, T, N, I, H, bi, **input_options),
+        lambda inputs: kink_distance(kind, d, inputs),
+        1e-4,
+    )
+    cot = cotangents_like(
         rng,
         kind,
-        T,
-        N,
-        H,
-        bi,
+        inputs,
         state_gradient=options.get("state_gradient", True),
         cell_gradient=options.get("cell_gradient", "final"),
     )
@@ -539,8 +411,8 @@ def test_gradients_finite_differences(index, kind, fields, options):
             continue
         assert isinstance(value, np.ndarray) and value.dtype == np.float64, field
         assert value.shape == np.shape(inputs[field]), field
-        expected = numerical_gradient(lambda: loss(kind, d, inputs, cot), inputs[field])
-        assert_close(value, expected, 1e-6, f"d{field}")
+        expected = elementwise_fd(lambda: loss(kind, d, inputs, cot), inputs[field])
+        assert_rel_close(value, expected, 1e-6, f"d{field}")
 
 
 def test_fd_sweep_covers_the_flags():
@@ -790,9 +662,8 @@ def test_zero_time_steps(kind, bidirectional):
     inputs = make_inputs(rng, kind, 0, N, I, H, bidirectional)
     d = desc(bidirectional=bidirectional, reset_after=True)
     out = FORWARD[kind](**inputs, descriptor=with_fields(d, training=True))
-    width = {"rnn": 1, "lstm": 4, "gru": 4}[kind]
     assert out.state.shape == (0, N, D * H)
-    assert out.z_state.shape == (0, N, D * width * H)
+    assert out.z_state.shape == (0, N, D * z_width(kind, reset_after=True) * H)
 
     for cell_form in ("final", None):
         cot = make_cotangents(
@@ -860,10 +731,7 @@ def zero_size_inputs(rng, kind, T, N, I, H, bidirectional, full):  # noqa: E741
 
 
 def compiled_descriptor(kind, **fields):
-    cls = {"rnn": rnncore.RNNDescriptor, "lstm": rnncore.LSTMDescriptor}.get(
-        kind, rnncore.GRUDescriptor
-    )
-    return cls(**fields)
+    return descriptor_class(kind)(**fields)
 
 
 def forward_and_gradients(module, kind, d, inputs, cot, **kwargs):

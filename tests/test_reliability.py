@@ -9,24 +9,20 @@ import sys
 
 import numpy as np
 import pytest
+from cases import GATES, op
+from cases import make_descriptor as descriptor
 
 import rnncore
-from rnncore import reference
+from rnncore import _ops, reference
 
 torch = pytest.importorskip("torch")
 
-GATES = {"rnn": 1, "lstm": 4, "gru": 3}
-FORWARD = {"rnn": "single_gate_rnn", "lstm": "lstm", "gru": "gru"}
-GRADIENTS = {k: v + "_gradients" for k, v in FORWARD.items()}
-DESCRIPTOR = {"rnn": "RNNDescriptor", "lstm": "LSTMDescriptor", "gru": "GRUDescriptor"}
+FORWARD = {k: kind.forward for k, kind in _ops.KINDS.items()}
+GRADIENTS = {k: kind.gradients for k, kind in _ops.KINDS.items()}
 
 
 def forward(kind, *args, **kw):
-    return getattr(rnncore, FORWARD[kind])(*args, **kw)
-
-
-def descriptor(kind, **flags):
-    return getattr(rnncore, DESCRIPTOR[kind])(**flags)
+    return op(rnncore, kind)(*args, **kw)
 
 
 def extras(kind, fwd):
@@ -427,7 +423,8 @@ def test_nan_in_gives_nan_out_for_every_activation(device, activation):
     for name in ("source", "recurrent_weight", "init_state"):
         got, want = getattr(g, name), getattr(ref_g, name)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
-    for kind, G in (("lstm", 4), ("gru", 3)):
+    for kind in ("lstm", "gru"):
+        G = GATES[kind]
         fields = {"lstm": "cell_gate_activation", "gru": "output_gate_activation"}[kind]
         d = descriptor(kind, **{fields: activation})
         xs = np.zeros((2, 1, G * 2), np.float32)

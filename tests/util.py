@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 import rnncore
+from rnncore._ops import rel_err  # noqa: F401 (the suites import it from here)
 
 # The contract's tolerances: relative to the reference's norm.
 # float16 is storage only (float32 arithmetic): 1e-2 of the float64 reference (issue 6).
@@ -16,19 +17,35 @@ GRADIENT_TOL = {
 }
 
 
-def rel_err(actual, expected):
-    """||actual - expected|| / ||expected|| in float64 (absolute when expected is ~0)."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
-    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
-    den = np.linalg.norm(e)
-    num = np.linalg.norm(a - e)
-    return num / den if den > 1e-30 else num
-
-
 def assert_rel_close(actual, expected, tol, what=""):
+    """rel_err(actual, expected) <= tol, for arrays of the same shape."""
+    shape, want = np.shape(actual), np.shape(expected)
+    assert shape == want, f"{what}: shape {shape} != expected {want}"
     err = rel_err(actual, expected)
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+
+
+# PyTorch's layer class and its options for each PyTorch mode the suites compare with.
+TORCH_LAYERS = {
+    "rnn_tanh": ("RNN", {"nonlinearity": "tanh"}),
+    "rnn_relu": ("RNN", {"nonlinearity": "relu"}),
+    "lstm": ("LSTM", {}),
+    "gru": ("GRU", {}),
+}
+
+
+def torch_layer_of(mode, I, H, bidirectional, *, seed, scale=1.0):  # noqa: E741
+    """A float64 one-layer PyTorch module of `mode` (TORCH_LAYERS) with the weights of
+    torch.manual_seed(seed) times `scale`."""
+    import torch
+
+    torch.manual_seed(seed)
+    cls, options = TORCH_LAYERS[mode]
+    layer = getattr(torch.nn, cls)(I, H, bidirectional=bidirectional, **options).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.mul_(scale)
+    return layer
 
 
 def devices_under_test():

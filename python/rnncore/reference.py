@@ -24,9 +24,18 @@ gradients of inputs that were not given, are ``None``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
+
+# The result types are shared with the compiled module (numpy-only, like this file).
+from ._ops import (
+    KINDS,
+    GRUGradients,
+    GRUResult,
+    LSTMGradients,
+    LSTMResult,
+    RNNGradients,
+    RNNResult,
+)
 
 __all__ = [
     "NONE",
@@ -37,67 +46,11 @@ __all__ = [
     "activate",
     "activate_derivative",
     "sigmoid",
-    "RNNResult",
-    "LSTMResult",
-    "GRUResult",
-    "RNNGradients",
-    "LSTMGradients",
-    "GRUGradients",
-    "single_gate_rnn",
-    "lstm",
-    "gru",
-    "single_gate_rnn_gradients",
-    "lstm_gradients",
-    "gru_gradients",
+    *(kind.result.__name__ for kind in KINDS.values()),
+    *(kind.gradient_result.__name__ for kind in KINDS.values()),
+    *(kind.forward for kind in KINDS.values()),
+    *(kind.gradients for kind in KINDS.values()),
 ]
-
-# --------------------------------------------------------------------------------------
-# Result types
-# --------------------------------------------------------------------------------------
-
-
-class RNNResult(NamedTuple):
-    state: np.ndarray
-    z_state: np.ndarray | None
-
-
-class LSTMResult(NamedTuple):
-    state: np.ndarray
-    cell: np.ndarray | None
-    z_state: np.ndarray | None
-
-
-class GRUResult(NamedTuple):
-    state: np.ndarray
-    z_state: np.ndarray | None
-
-
-class RNNGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    init_state: np.ndarray | None
-
-
-class LSTMGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    peephole: np.ndarray | None
-    init_state: np.ndarray | None
-    init_cell: np.ndarray | None
-
-
-class GRUGradients(NamedTuple):
-    source: np.ndarray
-    recurrent_weight: np.ndarray
-    input_weight: np.ndarray | None
-    bias: np.ndarray | None
-    init_state: np.ndarray | None
-    secondary_bias: np.ndarray | None
-
 
 # --------------------------------------------------------------------------------------
 # Activations (contract: "Activations")
@@ -199,6 +152,18 @@ def _gru_gate_order(descriptor):
     return dict(z=0, r=1, o=2)
 
 
+def _lstm_config(descriptor):
+    """Gate blocks, gate activations and the cell activation of an LSTM."""
+    act = _act_field(descriptor, "activation", TANH)
+    return _lstm_gate_order(descriptor), _lstm_gate_activations(descriptor), act
+
+
+def _gru_config(descriptor):
+    """Gate blocks, gate activations, resetAfter and flipZ of a GRU."""
+    flags = _flag(descriptor, "reset_after"), _flag(descriptor, "flip_z")
+    return (_gru_gate_order(descriptor), _gru_gate_activations(descriptor), *flags)
+
+
 def _block(a, k, H):
     """A_k: the k-th H-wide block of the last axis (a view)."""
     return a[..., k * H : (k + 1) * H]
@@ -284,6 +249,11 @@ class _Layer:
         parts = [p[::-1] if self.bidirectional and d == 1 else p for d, p in enumerate(parts)]
         return np.concatenate(parts, axis=-1)
 
+    def each_direction(self, run):
+        """run(d) for every direction d; its results regrouped per output, each a list
+        with one entry per direction."""
+        return tuple(map(list, zip(*(run(d) for d in self.directions))))
+
     # -- per-direction inputs ("Bidirectional halves") --------------------------------
 
     def recurrent(self, d):
@@ -325,8 +295,9 @@ class _Layer:
             x = x + self.bias
         return x
 
-    def input_gradients(self, dx_parts):
-        """From the per-direction dX' (processing order) to d(source), dW, dbias.
+    def weight_gradients(self, dx_parts, dR_parts):
+        """From the per-direction dX' and dR (processing order) to the gradients of
+        source, recurrent_weight, input_weight and bias, by field name.
 
         Contract, "Gradient operations", last paragraph.
         """
@@ -340,7 +311,8 @@ class _Layer:
             dW = flat_dx.T @ self.source.reshape(rows, self.source.shape[-1])
         if self.bias is not None:
             dbias = dx.sum(axis=(0, 1)).reshape(self.bias.shape)
-        return dsource, dW, dbias
+        dR = np.stack(dR_parts).reshape(self.R.shape)
+        return dict(source=dsource, recurrent_weight=dR, input_weight=dW, bias=dbias)
 
     def initial_state_gradient(self, parts, like):
         """Concatenate per-direction [N, H] gradients into the given input's shape."""
@@ -380,17 +352,15 @@ def single_gate_rnn(
     act = _act_field(descriptor, "activation", RELU)
     H = layer.H
     x = layer.projected_source()
-    hs, zs = [], []
-    for d in layer.directions:
-        h, z = _rnn_core(
+    hs, zs = layer.each_direction(
+        lambda d: _rnn_core(
             layer.from_input_time(x, d, H),
             layer.recurrent(d),
             layer.state_half(init_state, d),
             layer.mask_half(mask, d),
             act,
         )
-        hs.append(h)
-        zs.append(z)
+    )
     z_state = layer.to_output_layout(zs) if _flag(descriptor, "training") else None
     return RNNResult(layer.to_output_layout(hs), z_state)
 
@@ -429,9 +399,8 @@ def single_gate_rnn_gradients(
     act = _act_field(descriptor, "activation", RELU)
     H = layer.H
     dy, z_state = _f64(source_gradient), _f64(z_state)
-    dxs, dRs, dh0s = [], [], []
-    for d in layer.directions:
-        dx, dR, dh0 = _rnn_core_backward(
+    dxs, dRs, dh0s = layer.each_direction(
+        lambda d: _rnn_core_backward(
             layer.from_output_layout(dy, d, H),
             layer.from_output_layout(z_state, d, H),
             layer.recurrent(d),
@@ -440,15 +409,9 @@ def single_gate_rnn_gradients(
             act,
             layer.state_half(state_gradient, d),
         )
-        dxs.append(dx)
-        dRs.append(dR)
-        dh0s.append(dh0)
-    dsource, dW, dbias = layer.input_gradients(dxs)
+    )
     return RNNGradients(
-        source=dsource,
-        recurrent_weight=np.stack(dRs).reshape(layer.R.shape),
-        input_weight=dW,
-        bias=dbias,
+        **layer.weight_gradients(dxs, dRs),
         init_state=layer.initial_state_gradient(dh0s, init_state),
     )
 
@@ -489,14 +452,11 @@ def lstm(
     descriptor=None,
 ):
     layer = _Layer("lstm", descriptor, 4, source, recurrent_weight, input_weight, bias)
-    gates = _lstm_gate_order(descriptor)
-    acts = _lstm_gate_activations(descriptor)
-    act = _act_field(descriptor, "activation", TANH)
+    gates, acts, act = _lstm_config(descriptor)
     H = layer.H
     x = layer.projected_source()
-    hs, cs, zs = [], [], []
-    for d in layer.directions:
-        h, c, a = _lstm_core(
+    hs, cs, zs = layer.each_direction(
+        lambda d: _lstm_core(
             layer.from_input_time(x, d, 4 * H),
             layer.recurrent(d),
             layer.state_half(init_state, d),
@@ -507,9 +467,7 @@ def lstm(
             acts,
             act,
         )
-        hs.append(h)
-        cs.append(c)
-        zs.append(a)
+    )
     training = _flag(descriptor, "training")
     cell = layer.to_output_layout(cs) if training or _flag(descriptor, "produce_cell") else None
     z_state = layer.to_output_layout(zs) if training else None
@@ -577,16 +535,13 @@ def lstm_gradients(
     descriptor=None,
 ):
     layer = _Layer("lstm_gradients", descriptor, 4, source, recurrent_weight, input_weight, bias)
-    gates = _lstm_gate_order(descriptor)
-    acts = _lstm_gate_activations(descriptor)
-    act = _act_field(descriptor, "activation", TANH)
+    gates, acts, act = _lstm_config(descriptor)
     H = layer.H
     dy, z_state, cell = _f64(source_gradient), _f64(z_state), _f64(cell_output_fwd)
     cell_gradient = _f64(cell_gradient)
     per_step = cell_gradient is not None and cell_gradient.ndim == 3
-    dxs, dRs, dPs, dh0s, dc0s = [], [], [], [], []
-    for d in layer.directions:
-        dx, dR, dP, dh0, dc0 = _lstm_core_backward(
+    dxs, dRs, dPs, dh0s, dc0s = layer.each_direction(
+        lambda d: _lstm_core_backward(
             layer.from_output_layout(dy, d, H),
             layer.from_output_layout(cell_gradient, d, H) if per_step else None,
             layer.from_output_layout(z_state, d, 4 * H),
@@ -602,17 +557,9 @@ def lstm_gradients(
             layer.state_half(state_gradient, d),
             layer.state_half(None if per_step else cell_gradient, d),
         )
-        dxs.append(dx)
-        dRs.append(dR)
-        dPs.append(dP)
-        dh0s.append(dh0)
-        dc0s.append(dc0)
-    dsource, dW, dbias = layer.input_gradients(dxs)
+    )
     return LSTMGradients(
-        source=dsource,
-        recurrent_weight=np.stack(dRs).reshape(layer.R.shape),
-        input_weight=dW,
-        bias=dbias,
+        **layer.weight_gradients(dxs, dRs),
         peephole=None if peephole is None else np.stack(dPs).reshape(np.shape(peephole)),
         init_state=layer.initial_state_gradient(dh0s, init_state),
         init_cell=layer.initial_state_gradient(dc0s, init_cell),
@@ -677,14 +624,11 @@ def gru(
     descriptor=None,
 ):
     layer = _Layer("gru", descriptor, 3, source, recurrent_weight, input_weight, bias)
-    gates = _gru_gate_order(descriptor)
-    acts = _gru_gate_activations(descriptor)
-    reset_after = _flag(descriptor, "reset_after")
+    gates, acts, reset_after, flip_z = _gru_config(descriptor)
     H = layer.H
     x = layer.projected_source()
-    hs, zs = [], []
-    for d in layer.directions:
-        h, z = _gru_core(
+    hs, zs = layer.each_direction(
+        lambda d: _gru_core(
             layer.from_input_time(x, d, 3 * H),
             layer.recurrent(d),
             layer.state_half(init_state, d),
@@ -693,10 +637,9 @@ def gru(
             gates,
             acts,
             reset_after,
-            _flag(descriptor, "flip_z"),
+            flip_z,
         )
-        hs.append(h)
-        zs.append(z)
+    )
     z_state = layer.to_output_layout(zs) if _flag(descriptor, "training") else None
     return GRUResult(layer.to_output_layout(hs), z_state)
 
@@ -771,15 +714,12 @@ def gru_gradients(
     descriptor=None,
 ):
     layer = _Layer("gru_gradients", descriptor, 3, source, recurrent_weight, input_weight, bias)
-    gates = _gru_gate_order(descriptor)
-    acts = _gru_gate_activations(descriptor)
-    reset_after = _flag(descriptor, "reset_after")
+    gates, acts, reset_after, flip_z = _gru_config(descriptor)
     H = layer.H
     zw = (4 if reset_after else 3) * H  # training state width per direction
     dy, z_state, h = _f64(source_gradient), _f64(z_state), _f64(output_fwd)
-    dxs, dRs, db2s, dh0s = [], [], [], []
-    for d in layer.directions:
-        dx, dR, db2, dh0 = _gru_core_backward(
+    dxs, dRs, db2s, dh0s = layer.each_direction(
+        lambda d: _gru_core_backward(
             layer.from_output_layout(dy, d, H),
             layer.from_output_layout(z_state, d, zw),
             layer.from_output_layout(h, d, H),
@@ -789,22 +729,15 @@ def gru_gradients(
             gates,
             acts,
             reset_after,
-            _flag(descriptor, "flip_z"),
+            flip_z,
             layer.state_half(state_gradient, d),
         )
-        dxs.append(dx)
-        dRs.append(dR)
-        db2s.append(db2)
-        dh0s.append(dh0)
-    dsource, dW, dbias = layer.input_gradients(dxs)
+    )
     dsecondary = None
     if secondary_bias is not None:  # zeros when resetAfter is false (db2 stays 0)
         dsecondary = np.concatenate(db2s).reshape(np.shape(secondary_bias))
     return GRUGradients(
-        source=dsource,
-        recurrent_weight=np.stack(dRs).reshape(layer.R.shape),
-        input_weight=dW,
-        bias=dbias,
+        **layer.weight_gradients(dxs, dRs),
         init_state=layer.initial_state_gradient(dh0s, init_state),
         secondary_bias=dsecondary,
     )
