@@ -1,4 +1,5 @@
-"""Forward ops against PyTorch's nn.RNN / nn.LSTM / nn.GRU through the contract's mappings.
+"""Forward ops against PyTorch's nn.RNN / nn.LSTM / nn.GRU through the contract's mappings
+(rnncore.convert: what this checks is its output against PyTorch's own).
 
 PyTorch in float64 is the ground truth. Its parameters and inputs are rounded to float32
 first, so the float32 run of rnncore sees exactly the same numbers as the float64 one.
@@ -6,10 +7,11 @@ first, so the float32 run of rnncore sees exactly the same numbers as the float6
 
 import numpy as np
 import pytest
-from cases import DTYPES, forward_tol, make_descriptor, skip_unsupported
+from cases import DTYPES, forward_tol, skip_unsupported
 from util import assert_rel_close
 
 import rnncore
+from rnncore import convert
 
 torch = pytest.importorskip("torch")
 
@@ -34,41 +36,10 @@ def torch_module(mode, bidirectional):
     return module
 
 
-def to_rnncore(mode, module, bidirectional):
-    """(kind, descriptor, dict of weights) per the contract's PyTorch mappings."""
-    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
-
-    def param(name, suffix):
-        return getattr(module, name + suffix).detach().numpy()
-
-    w_ih = [param("weight_ih", s) for s in suffixes]
-    w_hh = [param("weight_hh", s) for s in suffixes]
-    b_ih = [param("bias_ih", s) for s in suffixes]
-    b_hh = [param("bias_hh", s) for s in suffixes]
-    weights = {
-        "input_weight": np.concatenate(w_ih, axis=0),
-        "recurrent_weight": np.stack(w_hh) if bidirectional else w_hh[0],
-    }
-    if mode == "gru":
-        # Stored gate order r, z, n: bias = [b_ir + b_hr, b_iz + b_hz, b_in], b2 = b_hn.
-        weights["bias"] = np.concatenate(
-            [np.concatenate([bi[: 2 * H] + bh[: 2 * H], bi[2 * H :]]) for bi, bh in zip(b_ih, b_hh)]
-        )
-        weights["secondary_bias"] = np.concatenate([bh[2 * H :] for bh in b_hh])
-        kind = "gru"
-        desc = make_descriptor(
-            kind, bidirectional=bidirectional, reset_gate_first=True, reset_after=True
-        )
-    else:
-        weights["bias"] = np.concatenate([bi + bh for bi, bh in zip(b_ih, b_hh)])
-        if mode == "lstm":
-            kind = "lstm"
-            desc = make_descriptor(kind, bidirectional=bidirectional, produce_cell=True)
-        else:
-            kind = "rnn"
-            act = "TANH" if mode == "rnn_tanh" else "RELU"
-            desc = make_descriptor(kind, bidirectional=bidirectional, activation=act)
-    return kind, desc, weights
+def to_rnncore(mode, module):
+    """(kind, descriptor, dict of weights) by rnncore.convert (the contract's mappings)."""
+    (layer,) = convert.from_torch(module, **({"produce_cell": True} if mode == "lstm" else {}))
+    return layer.kind, layer.descriptor, layer.weights
 
 
 def to_init(h0):
@@ -84,7 +55,7 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
     module = torch_module(mode, bidirectional)
-    kind, desc, weights = to_rnncore(mode, module, bidirectional)
+    kind, desc, weights = to_rnncore(mode, module)
 
     x = rng.standard_normal((T, N, I)).astype(np.float32).astype(np.float64)
     h0 = (0.7 * rng.standard_normal((D, N, H))).astype(np.float32).astype(np.float64)
