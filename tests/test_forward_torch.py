@@ -20,8 +20,10 @@ T, N, I, H = 6, 3, 5, 7  # noqa: E741
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 
 
-def torch_module(mode, bidirectional):
-    torch.manual_seed(1234)
+def torch_module(mode, bidirectional, I=I, H=H, seed=1234, scale=1.0):  # noqa: E741
+    """PyTorch's layer for `mode` in float64, its parameters (times `scale`) exactly
+    representable in float32."""
+    torch.manual_seed(seed)
     if mode.startswith("rnn"):
         nonlinearity = mode.split("_")[1]
         module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
@@ -32,7 +34,7 @@ def torch_module(mode, bidirectional):
     module = module.double()
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(p.float().double())  # exactly representable in float32
+            p.copy_((scale * p).float().double())
     return module
 
 

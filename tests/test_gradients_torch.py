@@ -16,6 +16,7 @@ its outputs in processing order: that is checked too.
 import numpy as np
 import pytest
 from cases import DTYPES, gradient_tol, run_gradients, skip_unsupported
+from test_forward_torch import torch_module
 from util import assert_rel_close
 
 import rnncore
@@ -34,28 +35,21 @@ def f32(a):
     return np.asarray(a, dtype=np.float32).astype(np.float64)
 
 
-def torch_module(mode, I, H, bidirectional):  # noqa: E741
-    torch.manual_seed(4321)
-    if mode.startswith("rnn"):
-        nonlinearity = mode.split("_")[1]
-        module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
-    elif mode == "lstm":
-        module = torch.nn.LSTM(I, H, bidirectional=bidirectional)
-    else:
-        module = torch.nn.GRU(I, H, bidirectional=bidirectional)
-    module = module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            # Larger than the default init (more nonlinearity), float32-representable.
-            p.copy_((2.0 * p).float().double())
-    return module
-
-
-def directions(module, bidirectional):
-    """Per direction, PyTorch's four parameters (tensors with .grad after backward)."""
-    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
-    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-    return [{n: getattr(module, n + s) for n in names} for s in suffixes]
+def make_layer(mode, size, direction, rng):
+    """PyTorch's layer (parameters larger than its default init: more nonlinearity), its
+    parameters per direction (tensors with .grad after backward), the layer in rnncore's
+    terms, and float32-representable x [T, N, I], h0 and c0 [D, N, H]."""
+    T, N, I, H = size  # noqa: E741
+    D = 2 if direction == "bi" else 1
+    module = torch_module(mode, direction == "bi", I, H, seed=4321, scale=2.0)
+    params = [
+        {n: getattr(module, n + convert.torch_suffix(0, d)) for n in convert.TORCH_PARAMETERS}
+        for d in range(D)
+    ]
+    x = f32(rng.standard_normal((T, N, I)))
+    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
+    c0 = f32(rng.standard_normal((D, N, H)))
+    return module, params, to_rnncore(mode, params, direction), x, h0, c0
 
 
 def to_rnncore(mode, params, direction):
@@ -112,17 +106,9 @@ def torch_run(module, mode, x, h0, c0, with_init, rng):
 @pytest.mark.parametrize("size", SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES])
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
-    T, N, I, H = size  # noqa: E741
     skip_unsupported(device, dtype)
     bidirectional = direction == "bi"
-    D = 2 if bidirectional else 1
-    module = torch_module(mode, I, H, bidirectional)
-    params = directions(module, bidirectional)
-    kind, desc, weights = to_rnncore(mode, params, direction)
-
-    x = f32(rng.standard_normal((T, N, I)))
-    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
-    c0 = f32(rng.standard_normal((D, N, H)))
+    module, params, (kind, desc, weights), x, h0, c0 = make_layer(mode, size, direction, rng)
     # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
     x_torch = x[::-1].copy() if direction == "reverse" else x
     ref = torch_run(module, mode, x_torch, h0, c0, with_init, rng)
@@ -175,16 +161,11 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 def test_output_gradient_only_matches_torch_autograd(rng, device, mode, direction, dtype):
     """Without state_gradient / cell_gradient: the loss is sum(y·dy) alone."""
     skip_unsupported(device, dtype)
-    T, N, I, H = 5, 2, 3, 4  # noqa: E741
     bidirectional = direction == "bi"
-    D = 2 if bidirectional else 1
-    module = torch_module(mode, I, H, bidirectional)
-    params = directions(module, bidirectional)
-    kind, desc, weights = to_rnncore(mode, params, direction)
-    x = f32(rng.standard_normal((T, N, I)))
-    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
-    c0 = f32(rng.standard_normal((D, N, H)))
-    dy = f32(rng.standard_normal((T, N, D * H)))
+    module, params, (kind, desc, weights), x, h0, c0 = make_layer(
+        mode, (5, 2, 3, 4), direction, rng
+    )
+    dy = f32(rng.standard_normal((*x.shape[:2], h0.shape[0] * h0.shape[2])))
 
     xt = torch.tensor(x[::-1].copy() if direction == "reverse" else x)
     xt.requires_grad_(True)
