@@ -98,6 +98,17 @@ def test_run_py_writes_only_where_asked(tmp_path):
     assert (tmp_path / "results.json").read_text() == before
 
 
+def test_loaded_run(tmp_path):
+    """--loaded times rnncore beside a busy loop, skips what the CPU does not compute and
+    writes loaded.json and loaded.md."""
+    args = ["--loaded", "--quick", "--rounds", "1", "--configs", TINY[0], TINY[2]]
+    code, stdout = run_bench(["-m", "rnncore", "bench"], *args, "--out", tmp_path)
+    assert code == 0, stdout
+    records = json.loads((tmp_path / "loaded.json").read_text())["records"]
+    assert [(r["config"], r["same_bits"]) for r in records] == [(TINY[0], True)] * 2
+    assert "| gru-T5-N2-H16 | inference |" in (tmp_path / "loaded.md").read_text()
+
+
 def test_disagreeing_implementation_fails_the_run(monkeypatch, capsys):
     """rnncore given a wrong mapping disagrees with the reference: exit status 1, untimed."""
     correct = peers.Problem.rnncore_weights
