@@ -12,8 +12,12 @@ Arrays go in and come out as numpy arrays; torch is imported only by the functio
 take a torch module. Kinds are ``"rnn"``, ``"lstm"`` and ``"gru"``, as in
 ``rnncore._ops.KINDS``.
 
+    import rnncore, rnncore.convert, torch
+
     layers = rnncore.convert.from_torch(torch.nn.GRU(8, 16, num_layers=2))
-    out = rnncore.gru(x, **layers[0].arguments())
+    y = x  # [T, N, 8], float32
+    for layer in layers:
+        y = rnncore.gru(y, **layer.arguments()).state
 """
 
 from __future__ import annotations
