@@ -1,7 +1,7 @@
 """The benchmark: time rnncore against PyTorch, ONNX Runtime, MLX and a numpy loop.
 
-One driver behind both ``python -m rnncore bench`` and ``python bench/run.py`` (the same
-arguments, see add_arguments). Per configuration and mode (inference: the forward;
+Both ``python -m rnncore bench`` and ``python bench/run.py`` run this bench (the same
+arguments). Per configuration and mode (inference: the forward;
 training: the forward plus the gradients of the input and of every weight), every
 implementation (rnncore on ``--device`` and each installed peer, rnncore.bench.peers) is first
 checked against a float64 reference on the same numbers (PyTorch's autograd on the CPU, or
