@@ -165,8 +165,12 @@ def markdown(results):
         "",
         "Training = forward with training on + backward (gradients of input, weights and "
         "biases). Ratio = rnncore / fastest peer (below 1: rnncore is faster). GFLOP/s counts "
-        "2·T·N·G·H·(I+H) per direction for the forward and 3× that for training; % is of "
-        "the GEMM peak above (SGEMM, or DGEMM for float64) at the same thread count.",
+        "2·T·N·G·H·(I+H) per direction for the forward and 3× that for training"
+        + (
+            "; % is of the GEMM peak above (SGEMM, or DGEMM for float64) at the same thread count."
+            if peaks
+            else " (no GEMM peak measured: full runs on the CPU measure it)."
+        ),
         "",
         "| config | mode | threads | "
         + " | ".join(f"{n} ms" for n in names)
