@@ -1,9 +1,11 @@
-"""``python -m rnncore bench``: its quick runs check PyTorch (CPU) against rnncore and print
-ratios; the weight mappings it relies on reproduce rnncore's forward and gradients
-exactly (and a wrong mapping would be caught); a disagreeing peer makes it exit 1."""
+"""The bench (rnncore.bench): both entry points run it, every implementation it times is
+checked against the float64 reference first, results go only where asked, and the PyTorch
+mapping it gives every peer (rnncore.convert) reproduces rnncore's forward and gradients
+(and a wrong mapping would be caught); a disagreeing implementation makes it exit 1."""
 
 import argparse
 import json
+import pathlib
 import re
 import subprocess
 import sys
@@ -12,61 +14,116 @@ import numpy as np
 import pytest
 
 import rnncore
-from rnncore import bench
+from rnncore import bench, convert
+from rnncore._ops import KINDS, rel_err
+from rnncore.bench import peers
 
 torch = pytest.importorskip("torch")
 
+RUN_PY = pathlib.Path(__file__).resolve().parent.parent / "bench" / "run.py"
+# Sizes every implementation runs in a moment (metal-emulated --quick's).
+TINY = ["gru-T5-N2-H16", "lstm-T5-N2-H16", "gru-T5-N2-H16-f16"]
 
-def run_bench(tmp_path, device):
-    out = tmp_path / f"{device}.json"
+
+def run_bench(command, *args):
     run = subprocess.run(
-        [sys.executable, "-m", "rnncore", "bench", "--device", device, "--quick", "--json", out],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, *command, *map(str, args)], capture_output=True, text=True, timeout=600
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run.stdout, json.loads(out.read_text())
+    return run.returncode, run.stdout + run.stderr
 
 
-def check_report(stdout, report, device, dtypes):
-    """Every configuration of `dtypes` was checked against torch on the CPU, agreed and
-    was timed, and the tables show the ratios."""
-    assert report["device"] == device and report["passed"] is True
-    assert report["peers"]["torch"]["device"] == "torch (cpu)"
-    configs = [name for name, c in report["configs"].items() if c["dtype"] in dtypes]
-    assert configs
-    for name in configs:
-        for mode in bench.MODES:
-            rows = {
-                r["impl"]: r for r in report["rows"] if (r["config"], r["mode"]) == (name, mode)
-            }
-            ours, peer = rows["rnncore"], rows["torch (cpu)"]
-            assert ours["status"] == "timed" and ours["ms"] > 0, ours
-            assert peer["status"] == "ok", peer
-            assert peer["error"] <= peer["tolerance"], peer
-            assert peer["ratio"] == pytest.approx(ours["ms"] / peer["ms"])
+def check_results(stdout, results, device):
+    """Every float32 configuration was checked against the reference, agreed and timed,
+    torch among the peers, and the tables show the ratios."""
+    assert results["device"] == device and results["passed"] is True
+    timed = {}
+    for r in results["results"]:
+        assert r["status"] in ("ok", "n/a"), r
+        if r["status"] == "ok":
+            assert r["check"]["max_rel_err"] <= r["check"]["tolerance"], r
+            timed.setdefault((r["config"], r["mode"]), {})[r["impl"]] = r
+    for config in results["configs"]:
+        if config["dtype"] == "float32":
+            for mode in peers.MODES:
+                row = timed[(config["name"], mode)]
+                ours, peer = row["rnncore"], row["torch"]
+                assert peer["ratio"] == pytest.approx(ours["median_s"] / peer["median_s"])
     assert "rnncore/peer" in stdout
-    # A torch row with a time and a ratio, e.g. "inference  torch (cpu)  1.928  0.28  ok (...".
-    ratios = re.findall(r"torch \(cpu\)\s+[0-9.]+\s+([0-9.]+)\s+ok \(", stdout)
-    assert len(ratios) == len(configs) * len(bench.MODES)
-    assert "PASS" in stdout.splitlines()[-2]  # the summary, then "wrote FILE"
+    # A torch row with a time and a ratio, e.g. "inference  torch (cpu)  1.93  0.28  ok (".
+    assert re.search(r"torch \(cpu\)\s+[0-9.]+\s+[0-9.]+\s+ok \(", stdout), stdout
+    assert "PASS" in stdout
 
 
-def test_bench_cpu_quick(tmp_path):
-    stdout, report = run_bench(tmp_path, "cpu")
-    check_report(stdout, report, "cpu", {"float32"})
-    # The CPU computes no float16: those rows are skipped, not failed.
-    f16 = [r for r in report["rows"] if r["config"].endswith("-f16")]
-    assert f16 and all(r["status"] == "skipped" for r in f16)
+def test_bench_cpu(tmp_path):
+    out = tmp_path / "cpu.json"
+    code, stdout = run_bench(
+        ["-m", "rnncore", "bench"], "--device", "cpu", "--quick", "--configs", *TINY, "--json", out
+    )
+    assert code == 0, stdout
+    results = json.loads(out.read_text())
+    check_results(stdout, results, "cpu")
+    assert {r["impl"] for r in results["results"]} >= {"rnncore", "torch", "numpy"}
+    # The CPU computes no float16: those rows are not applicable, not failed.
+    f16 = [r for r in results["results"] if r["config"].endswith("-f16") and r["impl"] == "rnncore"]
+    assert f16 and all(r["status"] == "n/a" for r in f16)
 
 
 @pytest.mark.skipif("metal-emulated" not in rnncore.devices(), reason="no host emulator")
 def test_bench_metal_emulated_quick(tmp_path):
-    stdout, report = run_bench(tmp_path, "metal-emulated")
-    check_report(stdout, report, "metal-emulated", {"float32", "float16"})
-    assert "not a GPU" in stdout
-    assert all(c["T"] * c["N"] * c["H"] <= 5 * 2 * 16 for c in report["configs"].values())
+    out = tmp_path / "emulated.json"
+    code, stdout = run_bench(
+        ["-m", "rnncore", "bench"], "--device", "metal-emulated", "--quick", "--json", out
+    )
+    assert code == 0, stdout
+    results = json.loads(out.read_text())
+    check_results(stdout, results, "metal-emulated")
+    assert "host emulator" in stdout
+    assert all(c["T"] * c["N"] * c["H"] <= 5 * 2 * 16 for c in results["configs"])
+    f16 = [r for r in results["results"] if r["config"].endswith("-f16") and r["impl"] == "rnncore"]
+    assert f16 and all(r["status"] == "ok" for r in f16)
+
+
+def test_run_py_writes_only_where_asked(tmp_path):
+    """bench/run.py is the same bench; it writes into --out and replaces nothing there
+    without --force."""
+    args = ["--device", "cpu", "--quick", "--configs", TINY[0], "--modes", "inference"]
+    code, stdout = run_bench([RUN_PY], *args, "--out", tmp_path)
+    assert code == 0, stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["repository"]["commit"]  # run from the checkout: its commit
+    assert "| config | mode |" in (tmp_path / "results.md").read_text()
+    before = (tmp_path / "results.json").read_text()
+    code, stdout = run_bench([RUN_PY], *args, "--out", tmp_path)
+    assert code == 2 and "--force" in stdout
+    assert (tmp_path / "results.json").read_text() == before
+
+
+def test_loaded_run(tmp_path):
+    """--loaded times rnncore beside a busy loop, skips what the CPU does not compute and
+    writes loaded.json and loaded.md."""
+    args = ["--loaded", "--quick", "--rounds", "1", "--configs", TINY[0], TINY[2]]
+    code, stdout = run_bench(["-m", "rnncore", "bench"], *args, "--out", tmp_path)
+    assert code == 0, stdout
+    records = json.loads((tmp_path / "loaded.json").read_text())["records"]
+    assert [(r["config"], r["same_bits"]) for r in records] == [(TINY[0], True)] * 2
+    assert "| gru-T5-N2-H16 | inference |" in (tmp_path / "loaded.md").read_text()
+
+
+def test_disagreeing_implementation_fails_the_run(monkeypatch, capsys):
+    """rnncore given a wrong mapping disagrees with the reference: exit status 1, untimed."""
+    correct = peers.Problem.rnncore_weights
+
+    def wrong(problem):
+        w = correct(problem)
+        return dict(w, secondary_bias=np.zeros_like(w["secondary_bias"]))
+
+    monkeypatch.setattr(peers.Problem, "rnncore_weights", wrong)
+    parser = bench.add_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--device", "cpu", "--quick", "--configs", TINY[0]])
+    assert bench.run(args) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"rnncore\s+-\s+-\s+FAILED-CHECK: disagrees with the reference", out), out
+    assert out.splitlines()[-1].startswith("FAIL:")
 
 
 # ---- the weight mappings ------------------------------------------------------------------
@@ -75,45 +132,36 @@ def test_bench_metal_emulated_quick(tmp_path):
 SMALL = {"T": 6, "N": 3, "I": 5, "H": 7}
 
 
-def problem(kind):
-    return bench.make_problem(bench.Config(kind, **SMALL), seed=7)
+def problem(kind, bidirectional=False):
+    return peers.Problem(peers.Config(kind, **SMALL, bidirectional=bidirectional), seed=7)
 
 
-def torch_forward(kind, p):
-    module = bench.torch_module(kind, p.params)
+def torch_forward(p):
     with torch.no_grad():
-        return module(torch.from_numpy(p.x))[0].numpy()
+        return peers.TorchImpl().module(p)(torch.from_numpy(p.x))[0].numpy()
 
 
-def rnncore_forward(kind, p, weights=None, descriptor=None):
-    w = dict(weights or bench.rnncore_weights(kind, p.params))
+def rnncore_forward(p, weights=None, descriptor=None):
+    w = dict(weights or p.rnncore_weights())
     R = w.pop("recurrent_weight")
-    desc = descriptor or bench.rnncore_descriptor(kind, training=False)
-    forward = rnncore.gru if kind == "gru" else rnncore.lstm
+    desc = descriptor or p.descriptor(training=False)
+    forward = getattr(rnncore, KINDS[p.config.kind].forward)
     return forward(p.x, R, **w, descriptor=desc, device="cpu").state
 
 
-@pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_torch_mapping_reproduces_rnncore_forward(kind):
-    p = problem(kind)
-    expected = torch_forward(kind, p)
-    assert bench.rel_err(rnncore_forward(kind, p), expected) < 1e-5
-
-
-@pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_torch_mapping_reproduces_rnncore_gradients(kind):
-    """The training rows compare exactly these: dx, dW, dR, dbias (and db2)."""
-    p = problem(kind)
-    results = []
-    for impl in (bench.RnncoreImpl("cpu"), bench.TorchImpl("cpu")):
-        run, sync, result = impl.prepare(p, "training")
-        out = run()
-        sync()
-        results.append(result(out))
-    ours, theirs = results
-    assert set(ours) == {"dx", "dW", "dR", "dbias"} | ({"db2"} if kind == "gru" else set())
-    for field in ours:
-        assert bench.rel_err(theirs[field], ours[field]) < 1e-4, field
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind", ["rnn", "gru", "lstm"])
+def test_torch_mapping_reproduces_rnncore(kind, bidirectional):
+    """What the training rows compare: y, dx and every weight gradient; the numpy loop
+    too."""
+    p = problem(kind, bidirectional)
+    assert rel_err(rnncore_forward(p), torch_forward(p)) < 1e-5
+    expected = peers.TorchImpl().reference(p)
+    for impl in (peers.RnncoreImpl("cpu"), peers.TorchImpl(), peers.NumpyImpl()):
+        run, result, sync = impl.prepare(p, "training")
+        errors = peers.compare(result(run()), expected)
+        assert set(errors) == set(expected)
+        assert max(errors.values()) < 1e-4, (impl.name, errors)
 
 
 def _swap_blocks(a, i, j, gates):
@@ -124,12 +172,12 @@ def _swap_blocks(a, i, j, gates):
 
 def wrong_mappings(kind, p):
     """Plausible mistakes: (name, weights, descriptor)."""
-    w = bench.rnncore_weights(kind, p.params)
+    w = p.rnncore_weights()
     if kind == "lstm":
         swapped = {k: _swap_blocks(v, 1, 2, 4) for k, v in w.items()}  # i, g, f, o
         return [
             ("f and g blocks swapped", swapped, None),
-            ("bias_hh dropped", {**w, "bias": p.params["bias_ih"]}, None),
+            ("bias_hh dropped", {**w, "bias": p.torch_params[0]["bias_ih"]}, None),
         ]
     H = SMALL["H"]
     folded = dict(w, bias=w["bias"].copy(), secondary_bias=np.zeros_like(w["secondary_bias"]))
@@ -144,41 +192,48 @@ def wrong_mappings(kind, p):
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 def test_wrong_mappings_are_caught(kind):
-    """The forward test above has the power to see each plausible mapping mistake."""
+    """The forward comparison has the power to see each plausible mapping mistake."""
     p = problem(kind)
-    expected = torch_forward(kind, p)
+    expected = torch_forward(p)
     for name, weights, descriptor in wrong_mappings(kind, p):
-        err = bench.rel_err(rnncore_forward(kind, p, weights, descriptor), expected)
-        assert err > 1e-3, name
+        assert rel_err(rnncore_forward(p, weights, descriptor), expected) > 1e-3, name
 
 
-def test_disagreeing_peer_fails_the_run(monkeypatch, capsys):
-    """A peer that disagrees with rnncore is a failure (exit status 1) and is not timed."""
-    tiny = [bench.Config("gru", 3, 2, 4, 5)]
-    monkeypatch.setattr(bench, "QUICK", tiny)
-    correct = bench.rnncore_weights
+def test_convert_from_torch_stacked_layers():
+    """Every layer of a two-layer bidirectional LSTM, run one after the other, gives
+    PyTorch's output; projections are refused."""
+    torch.manual_seed(3)
+    module = torch.nn.LSTM(5, 7, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 3, 5)
+    with torch.no_grad():
+        expected = module(x)[0].numpy()
+    y = x.numpy()
+    for layer in convert.from_torch(module):
+        assert layer.kind == "lstm" and layer.descriptor.bidirectional
+        y = rnncore.lstm(y, **layer.arguments()).state
+    assert rel_err(y, expected) < 1e-5
+    with pytest.raises(ValueError, match="proj_size"):
+        convert.from_torch(torch.nn.LSTM(5, 7, proj_size=3))
 
-    def wrong(kind, params):
-        w = correct(kind, params)
-        return dict(w, secondary_bias=np.zeros_like(w["secondary_bias"]))
 
-    monkeypatch.setattr(bench, "rnncore_weights", wrong)
-    args = argparse.Namespace(device="cpu", quick=True, json=None)
-    assert bench.run(args) == 1
-    out = capsys.readouterr().out
-    assert re.search(r"torch \(cpu\)\s+-\s+-\s+FAIL: disagrees with rnncore", out), out
-    assert out.splitlines()[-1].startswith("FAIL:")
+def test_onnx_mapping_reproduces_rnncore():
+    """ONNX Runtime on convert.onnx_weights_from_torch agrees with rnncore."""
+    pytest.importorskip("onnxruntime")
+    for kind in ("rnn", "gru", "lstm"):
+        p = problem(kind, bidirectional=True)
+        run, result, _ = peers.OnnxRuntimeImpl().prepare(p, "inference")
+        assert rel_err(result(run())["y"], rnncore_forward(p)) < 1e-5, kind
 
 
 def test_mlx_mapping_reproduces_rnncore():
-    """Only where MLX is installed (not in the test extras): inference and training."""
+    """Only where MLX is installed: inference and training."""
     pytest.importorskip("mlx.core")
     for kind in ("gru", "lstm"):
-        p = problem(kind)
-        for mode in bench.MODES:
-            results = []
-            for impl in (bench.RnncoreImpl("cpu"), bench.MlxImpl("cpu")):
-                run, sync, result = impl.prepare(p, mode)
-                results.append(result(run()))
-            err, field = bench.worst_error(results[1], results[0])
-            assert err < 1e-4, (kind, mode, field, err)
+        p = problem(kind, bidirectional=True)
+        expected = peers.TorchImpl().reference(p)
+        for mode in peers.MODES:
+            run, result, _ = peers.MlxImpl().prepare(p, mode)
+            errors = peers.compare(
+                result(run()), expected if mode == "training" else {"y": expected["y"]}
+            )
+            assert max(errors.values()) < 1e-4, (kind, mode, errors)

@@ -1,4 +1,5 @@
-"""Forward ops against PyTorch's nn.RNN / nn.LSTM / nn.GRU through the contract's mappings.
+"""Forward ops against PyTorch's nn.RNN / nn.LSTM / nn.GRU through the contract's mappings
+(rnncore.convert: what this checks is its output against PyTorch's own).
 
 PyTorch in float64 is the ground truth. Its parameters and inputs are rounded to float32
 first, so the float32 run of rnncore sees exactly the same numbers as the float64 one.
@@ -6,10 +7,11 @@ first, so the float32 run of rnncore sees exactly the same numbers as the float6
 
 import numpy as np
 import pytest
-from cases import DTYPES, forward_tol, make_descriptor, op, skip_unsupported
+from cases import DTYPES, forward_tol, skip_unsupported
 from util import assert_rel_close
 
 import rnncore
+from rnncore import convert
 
 torch = pytest.importorskip("torch")
 
@@ -18,8 +20,10 @@ T, N, I, H = 6, 3, 5, 7  # noqa: E741
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 
 
-def torch_module(mode, bidirectional):
-    torch.manual_seed(1234)
+def torch_module(mode, bidirectional, I=I, H=H, seed=1234, scale=1.0):  # noqa: E741
+    """PyTorch's layer for `mode` in float64, its parameters (times `scale`) exactly
+    representable in float32."""
+    torch.manual_seed(seed)
     if mode.startswith("rnn"):
         nonlinearity = mode.split("_")[1]
         module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
@@ -30,45 +34,14 @@ def torch_module(mode, bidirectional):
     module = module.double()
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(p.float().double())  # exactly representable in float32
+            p.copy_((scale * p).float().double())
     return module
 
 
-def to_rnncore(mode, module, bidirectional):
-    """(kind, descriptor, dict of weights) per the contract's PyTorch mappings."""
-    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
-
-    def param(name, suffix):
-        return getattr(module, name + suffix).detach().numpy()
-
-    w_ih = [param("weight_ih", s) for s in suffixes]
-    w_hh = [param("weight_hh", s) for s in suffixes]
-    b_ih = [param("bias_ih", s) for s in suffixes]
-    b_hh = [param("bias_hh", s) for s in suffixes]
-    weights = {
-        "input_weight": np.concatenate(w_ih, axis=0),
-        "recurrent_weight": np.stack(w_hh) if bidirectional else w_hh[0],
-    }
-    if mode == "gru":
-        # Stored gate order r, z, n: bias = [b_ir + b_hr, b_iz + b_hz, b_in], b2 = b_hn.
-        weights["bias"] = np.concatenate(
-            [np.concatenate([bi[: 2 * H] + bh[: 2 * H], bi[2 * H :]]) for bi, bh in zip(b_ih, b_hh)]
-        )
-        weights["secondary_bias"] = np.concatenate([bh[2 * H :] for bh in b_hh])
-        kind = "gru"
-        desc = make_descriptor(
-            kind, bidirectional=bidirectional, reset_gate_first=True, reset_after=True
-        )
-    else:
-        weights["bias"] = np.concatenate([bi + bh for bi, bh in zip(b_ih, b_hh)])
-        if mode == "lstm":
-            kind = "lstm"
-            desc = make_descriptor(kind, bidirectional=bidirectional, produce_cell=True)
-        else:
-            kind = "rnn"
-            act = "TANH" if mode == "rnn_tanh" else "RELU"
-            desc = make_descriptor(kind, bidirectional=bidirectional, activation=act)
-    return kind, desc, weights
+def to_rnncore(mode, module):
+    """(kind, descriptor, dict of weights) by rnncore.convert (the contract's mappings)."""
+    (layer,) = convert.from_torch(module, **({"produce_cell": True} if mode == "lstm" else {}))
+    return layer.kind, layer.descriptor, layer.weights
 
 
 def to_init(h0):
@@ -84,7 +57,7 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
     skip_unsupported(device, dtype)
     D = 2 if bidirectional else 1
     module = torch_module(mode, bidirectional)
-    kind, desc, weights = to_rnncore(mode, module, bidirectional)
+    kind, desc, weights = to_rnncore(mode, module)
 
     x = rng.standard_normal((T, N, I)).astype(np.float32).astype(np.float64)
     h0 = (0.7 * rng.standard_normal((D, N, H))).astype(np.float32).astype(np.float64)
@@ -109,8 +82,9 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
         if kind == "lstm":
             args["init_cell"] = to_init(c0)
     args = {k: v.astype(dtype) for k, v in args.items()}
+    fn = {"rnn": rnncore.single_gate_rnn, "lstm": rnncore.lstm, "gru": rnncore.gru}[kind]
     rec = args.pop("recurrent_weight")
-    result = op(rnncore, kind)(x.astype(dtype), rec, **args, descriptor=desc, device=device)
+    result = fn(x.astype(dtype), rec, **args, descriptor=desc, device=device)
 
     tol = forward_tol(dtype)
     what = f"{mode} D={D} init={with_init} {np.dtype(dtype).name}"

@@ -5,10 +5,9 @@ is dh_n and the final-form `cell_gradient` is dc_n. PyTorch in float64 is the gr
 truth; its parameters and every input are rounded to float32 first, so the float32 run
 of rnncore sees exactly the numbers the float64 one does.
 
-PyTorch's two biases map onto the contract's one (semantics.md, "Mapping other
-frameworks"): for RNN and LSTM d(b_ih) = d(b_hh) = dbias; for GRU (stored r, z, n;
-reset_gate_first = reset_after = true) d(b_ih) = dbias and
-d(b_hh) = [dbias_r, dbias_z, dsecondary_bias].
+The weights map by rnncore.convert, and rnncore's gradients back to PyTorch's parameter
+names by convert.gradients_to_torch (the contract's mappings, semantics.md, "Mapping other
+frameworks"): both are checked here against PyTorch's own autograd.
 
 `reverse` has no PyTorch flag, but a reverse layer is PyTorch's on the flipped sequence,
 its outputs in processing order: that is checked too.
@@ -16,18 +15,12 @@ its outputs in processing order: that is checked too.
 
 import numpy as np
 import pytest
-from cases import (
-    DTYPES,
-    GATES,
-    gradient_tol,
-    make_descriptor,
-    run_gradients,
-    size_ids,
-    skip_unsupported,
-)
+from cases import DTYPES, gradient_tol, run_gradients, skip_unsupported
+from test_forward_torch import torch_module
 from util import assert_rel_close
 
 import rnncore
+from rnncore import convert
 
 torch = pytest.importorskip("torch")
 
@@ -42,58 +35,42 @@ def f32(a):
     return np.asarray(a, dtype=np.float32).astype(np.float64)
 
 
-def torch_module(mode, I, H, bidirectional):  # noqa: E741
-    torch.manual_seed(4321)
-    if mode.startswith("rnn"):
-        nonlinearity = mode.split("_")[1]
-        module = torch.nn.RNN(I, H, nonlinearity=nonlinearity, bidirectional=bidirectional)
-    elif mode == "lstm":
-        module = torch.nn.LSTM(I, H, bidirectional=bidirectional)
-    else:
-        module = torch.nn.GRU(I, H, bidirectional=bidirectional)
-    module = module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            # Larger than the default init (more nonlinearity), float32-representable.
-            p.copy_((2.0 * p).float().double())
-    return module
+def make_layer(mode, size, direction, rng):
+    """PyTorch's layer (parameters larger than its default init: more nonlinearity), its
+    parameters per direction (tensors with .grad after backward), the layer in rnncore's
+    terms, and float32-representable x [T, N, I], h0 and c0 [D, N, H]."""
+    T, N, I, H = size  # noqa: E741
+    D = 2 if direction == "bi" else 1
+    module = torch_module(mode, direction == "bi", I, H, seed=4321, scale=2.0)
+    params = [
+        {n: getattr(module, n + convert.torch_suffix(0, d)) for n in convert.TORCH_PARAMETERS}
+        for d in range(D)
+    ]
+    x = f32(rng.standard_normal((T, N, I)))
+    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
+    c0 = f32(rng.standard_normal((D, N, H)))
+    return module, params, to_rnncore(mode, params, direction), x, h0, c0
 
 
-def directions(module, bidirectional):
-    """Per direction, PyTorch's four parameters (tensors with .grad after backward)."""
-    suffixes = ["_l0", "_l0_reverse"] if bidirectional else ["_l0"]
-    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-    return [{n: getattr(module, n + s) for n in names} for s in suffixes]
+def to_rnncore(mode, params, direction):
+    """(kind, descriptor, weights) by rnncore.convert (the contract's mappings)."""
+    kind = mode.split("_")[0]
+    desc = convert.descriptor_for_torch(
+        kind,
+        nonlinearity=mode.split("_")[-1] if kind == "rnn" else "tanh",
+        bidirectional=direction == "bi",
+        reverse=direction == "reverse",
+    )
+    return kind, desc, convert.weights_from_torch(kind, params)
 
 
-def to_rnncore(mode, params, H, direction):
-    """(kind, descriptor, weights) per the contract's PyTorch mappings."""
-    bidirectional = direction == "bi"
-    p = [{k: v.detach().numpy() for k, v in d.items()} for d in params]
-    weights = {
-        "input_weight": np.concatenate([d["weight_ih"] for d in p]),
-        "recurrent_weight": (
-            np.stack([d["weight_hh"] for d in p]) if bidirectional else p[0]["weight_hh"]
-        ),
+def torch_gradients(params):
+    """PyTorch's parameter gradients under its names (``weight_ih_l0``, ...)."""
+    return {
+        name + convert.torch_suffix(0, d): p[name].grad.numpy()
+        for d, p in enumerate(params)
+        for name in convert.TORCH_PARAMETERS
     }
-    flags = {"bidirectional": bidirectional, "reverse": direction == "reverse"}
-    if mode == "gru":  # r, z, n: bias = [b_ir+b_hr, b_iz+b_hz, b_in], secondary = b_hn
-        weights["bias"] = np.concatenate(
-            [
-                np.concatenate(
-                    [d["bias_ih"][: 2 * H] + d["bias_hh"][: 2 * H], d["bias_ih"][2 * H :]]
-                )
-                for d in p
-            ]
-        )
-        weights["secondary_bias"] = np.concatenate([d["bias_hh"][2 * H :] for d in p])
-        desc = make_descriptor("gru", reset_gate_first=True, reset_after=True, **flags)
-        return "gru", desc, weights
-    weights["bias"] = np.concatenate([d["bias_ih"] + d["bias_hh"] for d in p])
-    if mode == "lstm":
-        return "lstm", make_descriptor("lstm", **flags), weights
-    act = "TANH" if mode == "rnn_tanh" else "RELU"
-    return "rnn", make_descriptor("rnn", activation=act, **flags), weights
 
 
 def to_contract_state(s):
@@ -123,31 +100,15 @@ def torch_run(module, mode, x, h0, c0, with_init, rng):
     return dict(y=y.detach().numpy(), dy=dy, dhn=dhn, dcn=dcn, x=xt, h0=h0t, c0=c0t, hn=hn.detach())
 
 
-def torch_case(rng, mode, size, direction):
-    """PyTorch's layer for `mode`, its parameters per direction, rnncore's kind, descriptor
-    and weights for it, and random float32-representable x, h0, c0 in PyTorch's shapes."""
-    T, N, I, H = size  # noqa: E741
-    bidirectional = direction == "bi"
-    D = 2 if bidirectional else 1
-    module = torch_module(mode, I, H, bidirectional)
-    params = directions(module, bidirectional)
-    kind, desc, weights = to_rnncore(mode, params, H, direction)
-    x = f32(rng.standard_normal((T, N, I)))
-    h0 = f32(0.7 * rng.standard_normal((D, N, H)))
-    c0 = f32(rng.standard_normal((D, N, H)))
-    return module, params, kind, desc, weights, x, h0, c0
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("with_init", [False, True], ids=["zero-init", "init"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("size", SIZES, ids=size_ids(SIZES))
+@pytest.mark.parametrize("size", SIZES, ids=[f"T{t}-N{n}-I{i}-H{h}" for t, n, i, h in SIZES])
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
-    T, N, I, H = size  # noqa: E741
     skip_unsupported(device, dtype)
     bidirectional = direction == "bi"
-    module, params, kind, desc, weights, x, h0, c0 = torch_case(rng, mode, size, direction)
+    module, params, (kind, desc, weights), x, h0, c0 = make_layer(mode, size, direction, rng)
     # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
     x_torch = x[::-1].copy() if direction == "reverse" else x
     ref = torch_run(module, mode, x_torch, h0, c0, with_init, rng)
@@ -178,20 +139,12 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 
     dx = ref["x"].grad.numpy()
     check(grads.source, dx[::-1] if direction == "reverse" else dx, "dsource")
-    G = GATES[kind]
-    for d, p in enumerate(params):
-        rows = slice(d * G * H, (d + 1) * G * H)
-        dR = grads.recurrent_weight[d] if bidirectional else grads.recurrent_weight
-        check(grads.input_weight[rows], p["weight_ih"].grad.numpy(), f"dweight_ih[{d}]")
-        check(dR, p["weight_hh"].grad.numpy(), f"dweight_hh[{d}]")
-        dbias = grads.bias[rows]
-        check(dbias, p["bias_ih"].grad.numpy(), f"dbias_ih[{d}]")
-        if kind == "gru":
-            db2 = grads.secondary_bias[d * H : (d + 1) * H]
-            db_hh = np.concatenate([dbias[: 2 * H], db2])
-        else:
-            db_hh = dbias
-        check(db_hh, p["bias_hh"].grad.numpy(), f"dbias_hh[{d}]")
+    # rnncore's weight gradients under PyTorch's names (the biases' by the mapping back).
+    ours = convert.gradients_to_torch(kind, grads, bidirectional=bidirectional)
+    theirs = torch_gradients(params)
+    assert set(ours) == set(theirs), what
+    for name, expected in theirs.items():
+        check(ours[name], expected, f"d{name}")
     if with_init:
         check(grads.init_state, to_contract_state(ref["h0"].grad.numpy()), "dh0")
         if kind == "lstm":
@@ -208,11 +161,11 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 def test_output_gradient_only_matches_torch_autograd(rng, device, mode, direction, dtype):
     """Without state_gradient / cell_gradient: the loss is sum(y·dy) alone."""
     skip_unsupported(device, dtype)
-    T, N, I, H = size = 5, 2, 3, 4  # noqa: E741
     bidirectional = direction == "bi"
-    D = 2 if bidirectional else 1
-    module, params, kind, desc, weights, x, h0, c0 = torch_case(rng, mode, size, direction)
-    dy = f32(rng.standard_normal((T, N, D * H)))
+    module, params, (kind, desc, weights), x, h0, c0 = make_layer(
+        mode, (5, 2, 3, 4), direction, rng
+    )
+    dy = f32(rng.standard_normal((*x.shape[:2], h0.shape[0] * h0.shape[2])))
 
     xt = torch.tensor(x[::-1].copy() if direction == "reverse" else x)
     xt.requires_grad_(True)
@@ -232,10 +185,9 @@ def test_output_gradient_only_matches_torch_autograd(rng, device, mode, directio
     what = f"{mode} {direction} {np.dtype(dtype).name}"
     dx = xt.grad.numpy()
     assert_rel_close(grads.source, dx[::-1] if direction == "reverse" else dx, tol, what)
-    dW = np.concatenate([p["weight_ih"].grad.numpy() for p in params])
-    assert_rel_close(grads.input_weight, dW, tol, f"{what}: dW")
-    dR = [p["weight_hh"].grad.numpy() for p in params]
-    assert_rel_close(grads.recurrent_weight, np.stack(dR) if bidirectional else dR[0], tol, what)
+    ours = convert.gradients_to_torch(kind, grads, bidirectional=bidirectional)
+    for name, expected in torch_gradients(params).items():
+        assert_rel_close(ours[name], expected, tol, f"{what}: d{name}")
     assert_rel_close(grads.init_state, to_contract_state(h0t.grad.numpy()), tol, f"{what}: dh0")
     if kind == "lstm":
         assert_rel_close(grads.init_cell, to_contract_state(c0t.grad.numpy()), tol, f"{what}: dc0")

@@ -134,7 +134,7 @@ class NumpyLayer:
         return (y, results) if keep else y
 
     def forward_backward(self, x, dy):
-        """Outputs and gradients in rnncore's layout (see problem.py)."""
+        """The output "y", "dx" and the weight gradients under rnncore's names."""
         c = self.c
         y, results = self.forward(x, keep=True)
         parts = [
@@ -146,10 +146,10 @@ class NumpyLayer:
         out = {
             "y": y,
             "dx": (flat @ self.W).reshape(x.shape),
-            "dW": flat.T @ x.reshape(-1, c.I),
-            "dR": np.stack([p[1] for p in parts]) if c.D == 2 else parts[0][1],
-            "dbias": flat.sum(axis=0),
+            "input_weight": flat.T @ x.reshape(-1, c.I),
+            "recurrent_weight": np.stack([p[1] for p in parts]) if c.D == 2 else parts[0][1],
+            "bias": flat.sum(axis=0),
         }
         if c.kind == "gru":
-            out["db2"] = np.concatenate([p[2] for p in parts])
+            out["secondary_bias"] = np.concatenate([p[2] for p in parts])
         return out

@@ -1,4 +1,5 @@
-"""The Markdown table and the PNG chart of a benchmark run (from results.json's content)."""
+"""The bench's text: the table of each configuration as it runs, the summary, and the
+Markdown report and PNG chart of a run (from the results' JSON content)."""
 
 IMPL_ORDER = ("rnncore", "torch", "onnxruntime", "mlx", "numpy")
 
@@ -28,30 +29,103 @@ def impls_present(results):
 
 
 def timed(record):
-    return record is not None and record["status"] in ("ok", "FAILED-CHECK")
+    return record is not None and record["status"] == "ok"
+
+
+def add_ratios(records):
+    """Set each timed peer's "ratio": rnncore's time / the peer's, at the same mode and
+    thread count."""
+    ours = {(r["mode"], r["threads"]): r for r in records if r["impl"] == "rnncore"}
+    for r in records:
+        own = ours.get((r["mode"], r["threads"]))
+        if r["impl"] != "rnncore" and timed(r) and timed(own):
+            r["ratio"] = own["median_s"] / r["median_s"]
+
+
+def check_text(r):
+    if r["status"] == "ok":
+        c = r["check"]
+        text = f"ok (err {c['max_rel_err']:.1e} <= {c['tolerance']:.0e}; {r['reps']} runs"
+        text += f"; others {r['other_cpu']})" if r.get("other_cpu") is not None else ")"
+        return text + (" *" if r.get("disturbed") else "")
+    return f"{r['status']}: {r['note']}"
+
+
+def config_table(title, records, show_threads=False):
+    """The text table of one configuration: mode, implementation, median ms, ratio rnncore
+    / peer and the check."""
+    header = ("mode", "threads", "implementation", "ms", "rnncore/peer", "check")
+    table = [header]
+    for r in records:
+        ms = fmt_ms(r["median_s"]) if timed(r) else "-"
+        ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
+        table.append((r["mode"], str(r["threads"]), r["where"], ms, ratio, check_text(r)))
+    keep = [i for i in range(len(header)) if show_threads or header[i] != "threads"]
+    widths = {i: max(len(row[i]) for row in table) for i in keep}
+    lines = [title]
+    for row in table:
+        cells = [row[i].rjust(widths[i]) if i in (3, 4) else row[i].ljust(widths[i]) for i in keep]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def summary(results):
+    """The closing lines: failures, peer errors, disturbed measurements, PASS or FAIL."""
+    records = results["results"]
+    lines = []
+    for r in records:
+        if r["status"] == "FAILED-CHECK" or (r["status"] == "error" and r["impl"] == "rnncore"):
+            lines.append(f"FAIL {r['config']} {r['mode']} {r['where']}: {r['note']}")
+    for r in records:
+        if r["status"] == "error" and r["impl"] != "rnncore":
+            lines.append(
+                f"peer error (not a failure) {r['config']} {r['mode']} {r['where']}: {r['note']}"
+            )
+    disturbed = [r for r in records if r.get("disturbed")]
+    if disturbed:
+        others = sorted(r["other_cpu"] for r in disturbed)
+        lines.append(
+            f"warning: {len(disturbed)} of {sum(timed(r) for r in records)} measurements ran "
+            f"while other processes kept cores busy (median {others[len(others) // 2]:.1f} "
+            "cores, marked *): their times and ratios are unreliable"
+        )
+    agreed = sum(r["status"] == "ok" for r in records)
+    failed = sum(r["status"] == "FAILED-CHECK" for r in records)
+    lines.append(
+        f"{'PASS' if results['passed'] else 'FAIL'}: {agreed} implementation run(s) agreed "
+        f"with the reference, {failed} disagreed, in {results['seconds']:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def loaded_line(r):
+    return (
+        f"  {r['config']:24} {r['mode']:9} default ({r['default_threads']}t) "
+        f"{1e3 * r['default_median_s']:10.3f} ms  1t {1e3 * r['single_median_s']:10.3f} ms  "
+        f"ratio {r['ratio']:.2f}  others {r['other_cpu']}  "
+        f"{'same bits' if r['same_bits'] else 'BITS DIFFER'}"
+    )
 
 
 def cell(record):
     if record is None or record["status"] == "n/a":
         return "—"
-    if record["status"] == "error":
-        return "error"
+    if record["status"] != "ok":
+        return record["status"]
     text = fmt_ms(record["median_s"]) + ("*" if record.get("disturbed") else "")
     if record.get("cpu_use", 0) > record["threads"] + 0.3:
         text += "†"
-    return text if record["status"] == "ok" else f"{text} FAILED-CHECK"
+    return text
 
 
 def fastest_peer(row):
-    """The fastest peer that passed the check (any timed peer if none passed)."""
+    """The fastest peer that passed the check (only those are timed)."""
     peers = [r for name, r in row.items() if name != "rnncore" and timed(r)]
-    passed = [r for r in peers if r["status"] == "ok"]
-    candidates = passed or peers
-    return min(candidates, key=lambda r: r["median_s"]) if candidates else None
+    return min(peers, key=lambda r: r["median_s"]) if peers else None
 
 
 def gemm_peaks(results):
-    return {w["threads"]: w.get("gemm", {}) for w in results["workers"]}
+    return {w["threads"]: w["gemm"] for w in results["workers"] if "gemm" in w}
 
 
 def markdown(results):
@@ -70,20 +144,33 @@ def markdown(results):
         + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "matplotlib")
         + ".",
         "",
-        "GEMM 2048² peak (best of numpy and torch): "
-        + "; ".join(
-            f"{t} thread(s): SGEMM {p.get('sgemm_peak_gflops', '?')} GFLOP/s, "
-            f"DGEMM {p.get('dgemm_peak_gflops', '?')} GFLOP/s"
-            for t, p in peaks.items()
-        )
+        f"rnncore device: {results['device']}. OpenBLAS overrides in the environment: "
+        + (", ".join(f"{k}={val}" for k, val in m["openblas_overrides"].items() if val) or "none")
         + ".",
         "",
+    ]
+    if peaks:
+        lines += [
+            "GEMM 2048² peak (best of numpy and torch): "
+            + "; ".join(
+                f"{t} thread(s): SGEMM {p.get('sgemm_peak_gflops', '?')} GFLOP/s, "
+                f"DGEMM {p.get('dgemm_peak_gflops', '?')} GFLOP/s"
+                for t, p in peaks.items()
+            )
+            + ".",
+            "",
+        ]
+    lines += [
         "## Median time per call (ms)",
         "",
         "Training = forward with training on + backward (gradients of input, weights and "
         "biases). Ratio = rnncore / fastest peer (below 1: rnncore is faster). GFLOP/s counts "
-        "2·T·N·G·H·(I+H) per direction for the forward and 3× that for training; % is of "
-        "the GEMM peak above (SGEMM, or DGEMM for float64) at the same thread count.",
+        "2·T·N·G·H·(I+H) per direction for the forward and 3× that for training"
+        + (
+            "; % is of the GEMM peak above (SGEMM, or DGEMM for float64) at the same thread count."
+            if peaks
+            else " (no GEMM peak measured: full runs on the CPU measure it)."
+        ),
         "",
         "| config | mode | threads | "
         + " | ".join(f"{n} ms" for n in names)
@@ -207,10 +294,15 @@ def notes(results):
         "ONNX Runtime has no training for its RNN/GRU/LSTM operators: inference only. "
         "The numpy loop is a per-step loop with one GEMM for the input projection, and a "
         "hand-written BPTT for training.",
-        "Each thread count n ran in its own process with RNNCORE_NUM_THREADS, "
-        "OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set to n, "
-        "torch.set_num_threads(n) and ONNX Runtime intra_op_num_threads = n.",
     ]
+    if results["settings"]["threads"]:
+        out.append(
+            "Each thread count n ran in its own process with RNNCORE_NUM_THREADS, "
+            "OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS set to n, "
+            "torch.set_num_threads(n) and ONNX Runtime intra_op_num_threads = n."
+        )
+    else:
+        out.append("Every library ran in one process at its default thread count.")
     if any(r["impl"] == "mlx" for r in results["results"]):
         out.append("MLX's CPU threads are not set by this script (MLX has no such setting).")
     builds = {w["rnncore_build"]["sha256"] for w in results["workers"] if "rnncore_build" in w}
@@ -220,11 +312,11 @@ def notes(results):
             "run): compare them with care."
         )
     for w in results["workers"]:
-        if w.get("failed") is not None:
+        if w.get("failed"):
             out.append(f"The {w['threads']}-thread run failed (exit code {w['failed']}).")
             continue
         s = w.get("thread_settings", {})
-        if "torch_threads" in s and s["torch_threads"] != w["threads"]:
+        if w.get("threads_set") and s.get("torch_threads", w["threads"]) != w["threads"]:
             out.append(f"{w['threads']}-thread run: torch reported {s['torch_threads']} threads.")
         for name, why in w.get("missing_peers", {}).items():
             out.append(f"{name} not measured: {why}.")
