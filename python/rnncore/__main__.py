@@ -3,7 +3,7 @@
 ``demo`` trains a GRU and an LSTM with rnncore's gradients (demo.py), ``info`` prints
 what this build is (version, devices, BLAS library, compiler), ``check`` compares every
 operation with the numpy reference (check.py) and ``bench`` times rnncore against its
-peers (bench.py).
+peers (the rnncore.bench package).
 """
 
 import argparse
