@@ -70,7 +70,7 @@ GPU_FLOAT32_TOLERANCE = 1e-3
 # for the other processes to calm down (--quick does not wait: it must stay short).
 TIMING = {
     "full": {"warmup": 2, "min_reps": 5, "min_time": 0.5, "retries": 3, "quiet_wait": 60.0},
-    "quick": {"warmup": 1, "min_reps": 3, "min_time": 0.05, "retries": 1, "quiet_wait": 0.0},
+    "quick": {"warmup": 1, "min_reps": 5, "min_time": 0.15, "retries": 1, "quiet_wait": 0.0},
 }
 # Other processes keeping more than this many cores busy disturb a measurement (on top of
 # the cores a measurement leaves free: a 1-thread run on 2 cores tolerates one more).
@@ -80,6 +80,7 @@ DISTURBED = 0.3
 SLOW_CALL_S, SLOW_REPS = 5.0, 2
 # rnncore's own thread pool reads RNNCORE_NUM_THREADS; its OpenBLAS, numpy's OpenBLAS and
 # PyTorch's OpenMP pool read the others.
+SETTLE_S = 0.25
 THREAD_ENV = ("RNNCORE_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # Variables that override OpenBLAS's choice of kernels and blocking for this processor:
 # recorded, and unset for the worker processes, so times are those of the processor's own.
@@ -249,6 +250,9 @@ def measure(fn, timing, allowed, sync=lambda: None):
     wall second ("cpu_use": about 1 for one busy core) and the cores other processes kept
     busy meanwhile ("other_cpu"). A measurement disturbed by them (more than `allowed`
     cores) is repeated, keeping the least disturbed one."""
+    # Let the previous implementation's worker threads stop spinning (OpenBLAS waits about
+    # 0.1 s, OpenMP and ONNX Runtime less) before this one is timed beside them.
+    time.sleep(SETTLE_S)
     best = None
     for attempt in range(1 + timing["retries"]):
         if attempt:
@@ -340,9 +344,23 @@ def run_one(impl, problem, mode, threads, expected, timing, device):
 def configs_of(args, device):
     if args.configs:
         return [BY_NAME[n] for n in args.configs]
+    chosen = CONFIGS
     if args.quick:
-        return EMULATED_QUICK if device == "metal-emulated" else [BY_NAME[n] for n in QUICK]
-    return CONFIGS
+        chosen = EMULATED_QUICK if device == "metal-emulated" else [BY_NAME[n] for n in QUICK]
+    # Unless named, only the configurations whose dtype the device computes (float16: Metal).
+    return [c for c in chosen if computes(device, c.dtype)]
+
+
+def computes(device, dtype):
+    """Whether rnncore computes `dtype` on `device` (asked of the library, not assumed)."""
+    import rnncore
+
+    x = np.zeros((1, 1, 1), dtype)
+    try:
+        rnncore.single_gate_rnn(x, x[0], device=device or None)
+    except TypeError:
+        return False
+    return True
 
 
 def rnncore_build(rc):
@@ -383,7 +401,8 @@ def progress(total, desc):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=desc, unit="run", leave=False, file=sys.stderr)
+    # disable=None: no bar when stderr is not a terminal (a log gets the tables only).
+    return tqdm(total=total, desc=desc, unit="run", leave=False, file=sys.stderr, disable=None)
 
 
 def worker(args, device, threads):
