@@ -1,0 +1,475 @@
+"""Recurrent layers on numpy arrays, with the API of ``mlx.nn.GRU``, ``mlx.nn.LSTM`` and
+``mlx.nn.RNN`` and the fused operations underneath.
+
+With its defaults a layer is MLX's: the same constructor, parameter names (``Wx``, ``Wh``,
+``b``, ``bhn``; ``Wx``, ``Wh``, ``bias``; ``Wxh``, ``Whh``, ``bias``), shapes, gate order and
+initialisation, batch-first ``NLD`` or unbatched ``LD`` input, an optional ``NH`` / ``H``
+hidden (and cell) state, and all hidden states as output (``NLH`` / ``LH``; the LSTM also
+returns its cells), so an MLX model's weights load unchanged and give the same outputs.
+Beyond MLX: ``num_layers``, ``bidirectional``, ``batch_first=False`` for time-major data,
+``device`` and ``dtype``, and :meth:`backward`, the gradients of every parameter and input
+for a given output gradient, through the fused gradient operations (one call per layer).
+
+    layer = rnncore.nn.GRU(16, 32, num_layers=2, bidirectional=True)
+    y = layer(x)                      # x [N, L, 16] -> y [N, L, 64]
+    grads = layer.backward(dy)        # {"Wx": ..., "Wh_l1_reverse": ..., "x": ...}
+
+Parameters of layer ``l`` and direction are named as MLX's with torch's suffixes:
+``Wx`` (layer 0, forward), ``Wx_reverse`` (layer 0, backward), ``Wx_l1``, ``Wx_l1_reverse``...
+With several layers or directions the hidden state is ``[num_layers * D, N, H]`` (torch's
+``h_0`` layout; ``[num_layers * D, H]`` unbatched); with one, MLX's ``[N, H]`` (or ``[H]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import (
+    Activation,
+    GRUDescriptor,
+    LSTMDescriptor,
+    RNNDescriptor,
+    gru,
+    gru_gradients,
+    lstm,
+    lstm_gradients,
+    single_gate_rnn,
+    single_gate_rnn_gradients,
+)
+
+__all__ = ["GRU", "LSTM", "RNN"]
+
+# Non-linearities an RNN layer takes, by name (MLX passes a callable such as mlx.nn.tanh).
+_NONLINEARITIES = {
+    "tanh": Activation.TANH,
+    "relu": Activation.RELU,
+    "sigmoid": Activation.SIGMOID,
+    "hard_sigmoid": Activation.HARD_SIGMOID,
+    "identity": Activation.NONE,
+}
+
+
+class _Recurrent:
+    """What the three layers share: parameters, layouts, the layer loop and its backward."""
+
+    _gates: int  # G
+    _weights: tuple  # MLX's names: input weight, recurrent weight, bias[, secondary bias]
+
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        bias=True,
+        *,
+        num_layers=1,
+        bidirectional=False,
+        batch_first=True,
+        device=None,
+        dtype=np.float32,
+    ):
+        name = type(self).__name__
+        for arg, value, low in (
+            ("input_size", input_size, 1),
+            ("hidden_size", hidden_size, 1),
+            ("num_layers", num_layers, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(
+                    f"[rnncore.nn.{name}] {arg} must be an int >= {low}, not {value!r}"
+                )
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64, np.float16):
+            raise TypeError(f"[rnncore.nn.{name}] dtype must be float32, float64 or float16")
+        self.input_size = int(input_size)
+        self.hidden_size = H = int(hidden_size)
+        self.num_layers = int(num_layers)
+        self.bidirectional = bool(bidirectional)
+        self.batch_first = bool(batch_first)
+        self.device = device
+        self.bias = bool(bias)  # replaced by the bias array of the same name (RNN, LSTM)
+        self.training = True  # as an mlx.nn.Module: keep what backward() needs
+        self._tape = None
+        self._names = []
+        scale = 1.0 / math.sqrt(H)
+        rng = np.random.default_rng()
+        G = self._gates
+        for layer in range(self.num_layers):
+            width = self.input_size if layer == 0 else self.directions * H
+            for d in range(self.directions):
+                shapes = [(G * H, width), (G * H, H)]
+                if bias:
+                    shapes.append((G * H,))
+                    if len(self._weights) == 4:
+                        shapes.append((H,))
+                for base, shape in zip(self._weights, shapes):
+                    value = rng.uniform(-scale, scale, shape).astype(self.dtype)
+                    self._add(base + self._suffix(layer, d), value)
+                if not bias:
+                    for base in self._weights[2:]:
+                        object.__setattr__(self, base + self._suffix(layer, d), None)
+
+    # ---- parameters ---------------------------------------------------------------------------
+
+    @property
+    def directions(self):
+        return 2 if self.bidirectional else 1
+
+    @staticmethod
+    def _suffix(layer, direction):
+        return ("" if layer == 0 else f"_l{layer}") + ("_reverse" if direction else "")
+
+    def _add(self, name, value):
+        self._names.append(name)
+        object.__setattr__(self, name, value)
+
+    def parameters(self):
+        """The parameters by name (the arrays themselves, not copies)."""
+        return {n: getattr(self, n) for n in self._names}
+
+    def update(self, parameters):
+        """Sets parameters by name from arrays of the same shapes (any float dtype; stored in
+        the layer's dtype). Unknown names and wrong shapes raise."""
+        for n, value in parameters.items():
+            if n not in self._names:
+                raise ValueError(f"[{self._label}] has no parameter {n!r}; it has {self._names}")
+            old = getattr(self, n)
+            value = np.ascontiguousarray(value, dtype=self.dtype)
+            if value.shape != old.shape:
+                raise ValueError(
+                    f"[{self._label}] parameter {n} must have shape {old.shape} "
+                    f"but has {value.shape}"
+                )
+            object.__setattr__(self, n, value)
+        return self
+
+    def train(self, mode=True):
+        self.training = bool(mode)
+        if not mode:
+            self._tape = None
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @property
+    def _label(self):
+        return f"rnncore.nn.{type(self).__name__}"
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}(input_size={self.input_size}, hidden_size={self.hidden_size}, "
+            f"bias={self.bias is not None and self.bias is not False}, "
+            f"num_layers={self.num_layers}, bidirectional={self.bidirectional}, "
+            f"batch_first={self.batch_first})"
+        )
+
+    def _layer_arrays(self, layer):
+        """This layer's parameters in the operation's layout, both directions concatenated."""
+        per_dir = [
+            [getattr(self, base + self._suffix(layer, d)) for base in self._weights]
+            for d in range(self.directions)
+        ]
+        cat = np.concatenate if self.bidirectional else (lambda xs: xs[0])
+        out = {
+            "input_weight": cat([p[0] for p in per_dir]),
+            "recurrent_weight": np.stack([p[1] for p in per_dir])
+            if self.bidirectional
+            else per_dir[0][1],
+            "bias": None if per_dir[0][2] is None else cat([p[2] for p in per_dir]),
+        }
+        if len(self._weights) == 4:
+            out["secondary_bias"] = None if per_dir[0][3] is None else cat([p[3] for p in per_dir])
+        return out
+
+    # ---- layouts ------------------------------------------------------------------------------
+
+    def _sequence(self, x):
+        """x in the user's layout -> time-major [T, N, I], and whether it was unbatched."""
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            raise TypeError(f"[{self._label}] x must be a float array but has dtype {x.dtype}")
+        layout = "(N, L, {})" if self.batch_first else "(L, N, {})"
+        if x.ndim not in (2, 3) or x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"[{self._label}] x must have shape {layout.format(self.input_size)} or "
+                f"(L, {self.input_size}) but has {x.shape}"
+            )
+        x = x.astype(self.dtype, copy=False)
+        if x.ndim == 2:
+            return np.ascontiguousarray(x[:, None, :]), True
+        return np.ascontiguousarray(x.transpose(1, 0, 2) if self.batch_first else x), False
+
+    def _from_sequence(self, y, unbatched):
+        if unbatched:
+            return y[:, 0, :]
+        return np.ascontiguousarray(y.transpose(1, 0, 2)) if self.batch_first else y
+
+    def _state(self, arg, value, N, unbatched):
+        """A hidden or cell state in the user's shape -> [num_layers * D, N, H], or None."""
+        if value is None:
+            return None
+        value = np.asarray(value)
+        LD, H = self.num_layers * self.directions, self.hidden_size
+        expected = ((N,) if not unbatched else ()) + (H,)
+        if LD > 1 or value.ndim == len(expected) + 1:
+            expected = (LD,) + expected
+        if value.shape != expected:
+            raise ValueError(
+                f"[{self._label}] {arg} must have shape {expected} but has {value.shape}"
+            )
+        value = value.astype(self.dtype, copy=False).reshape(LD, N, H)
+        return value
+
+    def _layer_state(self, states, layer, N):
+        """[num_layers * D, N, H] -> this layer's [N, D * H] (the operations' layout)."""
+        if states is None:
+            return None
+        D, H = self.directions, self.hidden_size
+        return np.ascontiguousarray(states[layer * D : (layer + 1) * D].transpose(1, 0, 2)).reshape(
+            N, D * H
+        )
+
+    # ---- forward and backward -----------------------------------------------------------------
+
+    def _run(self, x, hidden, cell=None):
+        seq, unbatched = self._sequence(x)
+        T, N = seq.shape[:2]
+        h0 = self._state("hidden", hidden, N, unbatched)
+        c0 = self._state("cell", cell, N, unbatched)
+        desc = self._descriptor(self.training)
+        tape = []
+        inp = seq
+        result = None
+        for layer in range(self.num_layers):
+            arrays = self._layer_arrays(layer)
+            inits = {"init_state": self._layer_state(h0, layer, N)}
+            if c0 is not None:
+                inits["init_cell"] = self._layer_state(c0, layer, N)
+            result = self._forward_op(inp, arrays, inits, desc)
+            tape.append((inp, arrays, inits, result))
+            inp = result.state
+        self._tape = (
+            (tape, unbatched, hidden is not None, cell is not None) if self.training else None
+        )
+        return result, unbatched
+
+    def _backward(self, d_state, d_cell=None):
+        if self._tape is None:
+            raise RuntimeError(
+                f"[{self._label}] backward() needs a forward call in training mode (layer.train())"
+            )
+        tape, unbatched, had_hidden, had_cell = self._tape
+        dy, _ = self._output_gradient("d_output", d_state, tape, unbatched)
+        dc = None
+        if d_cell is not None:
+            dc, _ = self._output_gradient("d_cell", d_cell, tape, unbatched)
+        desc = self._descriptor(False)
+        grads = {}
+        d_hidden0, d_cell0 = [], []
+        for layer in reversed(range(self.num_layers)):
+            inp, arrays, inits, result = tape[layer]
+            g = self._gradient_op(inp, arrays, inits, result, dy, dc, desc)
+            self._store_gradients(layer, g, grads)
+            d_hidden0.append(g.init_state)
+            d_cell0.append(getattr(g, "init_cell", None))
+            dy, dc = g.source, None
+        N = tape[0][0].shape[1]
+        grads["x"] = self._from_sequence(dy, unbatched)
+        for name, had, per_layer in (
+            ("hidden", had_hidden, d_hidden0),
+            ("cell", had_cell, d_cell0),
+        ):
+            if had:
+                grads[name] = self._state_gradient(per_layer[::-1], N, unbatched)
+        return grads
+
+    def _output_gradient(self, arg, value, tape, unbatched):
+        T, N = tape[0][0].shape[:2]
+        DH = self.directions * self.hidden_size
+        value = np.asarray(value, dtype=self.dtype)
+        if unbatched:
+            expected = (T, DH)
+        else:
+            expected = (N, T, DH) if self.batch_first else (T, N, DH)
+        if value.shape != expected:
+            raise ValueError(
+                f"[{self._label}] {arg} must have shape {expected} but has {value.shape}"
+            )
+        if unbatched:
+            return np.ascontiguousarray(value[:, None, :]), expected
+        return np.ascontiguousarray(
+            value.transpose(1, 0, 2) if self.batch_first else value
+        ), expected
+
+    def _state_gradient(self, per_layer, N, unbatched):
+        """Per layer [N, D * H] -> the user's hidden-state shape."""
+        D, H = self.directions, self.hidden_size
+        out = np.concatenate([g.reshape(N, D, H).transpose(1, 0, 2) for g in per_layer])
+        if self.num_layers * D == 1:
+            out = out[0]
+        return out[..., 0, :] if unbatched else np.ascontiguousarray(out)
+
+    def _store_gradients(self, layer, g, grads):
+        GH = self._gates * self.hidden_size
+        H = self.hidden_size
+        for d in range(self.directions):
+            sfx = self._suffix(layer, d)
+            w, r = self._weights[0], self._weights[1]
+            grads[w + sfx] = g.input_weight[d * GH : (d + 1) * GH]
+            grads[r + sfx] = g.recurrent_weight[d] if self.bidirectional else g.recurrent_weight
+            if g.bias is not None:
+                grads[self._weights[2] + sfx] = g.bias[d * GH : (d + 1) * GH]
+            if len(self._weights) == 4 and g.secondary_bias is not None:
+                grads[self._weights[3] + sfx] = g.secondary_bias[d * H : (d + 1) * H]
+
+    def backward(self, d_output):
+        """Gradients of every parameter (by name) and of the input ``x`` (and ``hidden`` when
+        the forward was given one), for ``d_output``, the gradient of the loss with respect to
+        the output of the last forward call (made in training mode), in that output's shape.
+        """
+        return self._backward(d_output)
+
+
+class GRU(_Recurrent):
+    """A GRU layer: ``mlx.nn.GRU``'s API (PyTorch's gate order r, z, n and reset-after
+    form; ``b`` is added to the input projection, ``bhn`` inside the reset product), plus
+    ``num_layers``, ``bidirectional``, ``batch_first``, ``device``, ``dtype`` and
+    :meth:`backward`. ``layer(x, hidden=None)`` returns all hidden states."""
+
+    _gates = 3
+    _weights = ("Wx", "Wh", "b", "bhn")
+
+    def __init__(self, input_size, hidden_size, bias=True, **options):
+        super().__init__(input_size, hidden_size, bias, **options)
+        self.bias = bias
+
+    def _descriptor(self, training):
+        return GRUDescriptor(
+            reset_gate_first=True,
+            reset_after=True,
+            bidirectional=self.bidirectional,
+            training=training,
+        )
+
+    def _forward_op(self, inp, arrays, inits, desc):
+        return gru(inp, descriptor=desc, device=self.device, **arrays, **inits)
+
+    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
+        W = arrays["input_weight"]
+        rest = {k: v for k, v in arrays.items() if k not in ("input_weight", "recurrent_weight")}
+        return gru_gradients(
+            inp,
+            arrays["recurrent_weight"],
+            dy,
+            result.z_state,
+            result.state,
+            input_weight=W,
+            descriptor=desc,
+            device=self.device,
+            **rest,
+            **inits,
+        )
+
+    def __call__(self, x, hidden=None):
+        result, unbatched = self._run(x, hidden)
+        return self._from_sequence(result.state, unbatched)
+
+
+class RNN(_Recurrent):
+    """An Elman layer: ``mlx.nn.RNN``'s API (``Wxh``, ``Whh``, ``bias``; ``nonlinearity`` a
+    callable such as ``mlx.nn.tanh`` / ``mlx.nn.relu``, or a name: tanh, relu, sigmoid,
+    hard_sigmoid, identity; default tanh), plus the options of every rnncore.nn layer."""
+
+    _gates = 1
+    _weights = ("Wxh", "Whh", "bias")
+
+    def __init__(self, input_size, hidden_size, bias=True, nonlinearity=None, **options):
+        self.nonlinearity = _activation(nonlinearity)
+        super().__init__(input_size, hidden_size, bias, **options)
+
+    def _descriptor(self, training):
+        return RNNDescriptor(
+            activation=self.nonlinearity, bidirectional=self.bidirectional, training=training
+        )
+
+    def _forward_op(self, inp, arrays, inits, desc):
+        return single_gate_rnn(inp, descriptor=desc, device=self.device, **arrays, **inits)
+
+    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
+        return single_gate_rnn_gradients(
+            inp,
+            arrays["recurrent_weight"],
+            dy,
+            result.z_state,
+            input_weight=arrays["input_weight"],
+            bias=arrays["bias"],
+            descriptor=desc,
+            device=self.device,
+            **inits,
+        )
+
+    def __call__(self, x, hidden=None):
+        result, unbatched = self._run(x, hidden)
+        return self._from_sequence(result.state, unbatched)
+
+
+class LSTM(_Recurrent):
+    """An LSTM layer: ``mlx.nn.LSTM``'s API (gates i, f, g, o; one bias), plus the options of
+    every rnncore.nn layer. ``layer(x, hidden=None, cell=None)`` returns all hidden states
+    and all cells of the last layer, in the same shape."""
+
+    _gates = 4
+    _weights = ("Wx", "Wh", "bias")
+
+    def _descriptor(self, training):
+        return LSTMDescriptor(
+            bidirectional=self.bidirectional, produce_cell=True, training=training
+        )
+
+    def _forward_op(self, inp, arrays, inits, desc):
+        return lstm(inp, descriptor=desc, device=self.device, **arrays, **inits)
+
+    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
+        return lstm_gradients(
+            inp,
+            arrays["recurrent_weight"],
+            dy,
+            result.z_state,
+            result.cell,
+            cell_gradient=dc,
+            input_weight=arrays["input_weight"],
+            bias=arrays["bias"],
+            descriptor=desc,
+            device=self.device,
+            **inits,
+        )
+
+    def __call__(self, x, hidden=None, cell=None):
+        result, unbatched = self._run(x, hidden, cell)
+        return (
+            self._from_sequence(result.state, unbatched),
+            self._from_sequence(result.cell, unbatched),
+        )
+
+    def backward(self, d_output, d_cell=None):
+        """Gradients of every parameter and of ``x`` (and ``hidden`` / ``cell`` when given)
+        for the gradients of the loss with respect to the two outputs of the last forward
+        call: the hidden states ``d_output`` and, optionally, the cells ``d_cell``."""
+        return self._backward(d_output, d_cell)
+
+
+def _activation(nonlinearity):
+    if nonlinearity is None:
+        return Activation.TANH
+    if isinstance(nonlinearity, Activation):
+        return nonlinearity
+    name = nonlinearity if isinstance(nonlinearity, str) else getattr(nonlinearity, "__name__", "")
+    key = name.lower().replace("hardsigmoid", "hard_sigmoid")
+    if key not in _NONLINEARITIES:
+        raise ValueError(
+            f"[rnncore.nn.RNN] nonlinearity must be one of {sorted(_NONLINEARITIES)} "
+            f"(or a callable of that name) but is {nonlinearity!r}"
+        )
+    return _NONLINEARITIES[key]
