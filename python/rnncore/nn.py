@@ -38,8 +38,9 @@ from . import (
     single_gate_rnn,
     single_gate_rnn_gradients,
 )
+from ._ops import activation_fields
 
-__all__ = ["GRU", "LSTM", "RNN"]
+__all__ = ["GRU", "LSTM", "RNN", "from_keras", "from_mlx", "from_onnx", "from_torch"]
 
 # Non-linearities an RNN layer takes, by name (MLX passes a callable such as mlx.nn.tanh).
 _NONLINEARITIES = {
@@ -66,6 +67,8 @@ class _Recurrent:
         num_layers=1,
         bidirectional=False,
         batch_first=True,
+        reverse=False,
+        activations=None,
         device=None,
         dtype=np.float32,
     ):
@@ -87,6 +90,10 @@ class _Recurrent:
         self.num_layers = int(num_layers)
         self.bidirectional = bool(bidirectional)
         self.batch_first = bool(batch_first)
+        if reverse and bidirectional:
+            raise ValueError(f"[rnncore.nn.{name}] reverse and bidirectional exclude each other")
+        self.reverse = bool(reverse)
+        self.activations = self._check_activations(activations)
         self.device = device
         self.bias = bool(bias)  # replaced by the bias array of the same name (RNN, LSTM)
         self.training = True  # as an mlx.nn.Module: keep what backward() needs
@@ -109,6 +116,25 @@ class _Recurrent:
                 if not bias:
                     for base in self._weights[2:]:
                         object.__setattr__(self, base + self._suffix(layer, d), None)
+
+    def _check_activations(self, activations):
+        """{descriptor activation field: Activation} overriding the layer's defaults."""
+        allowed = activation_fields(self._descriptor_class)
+        activations = dict(activations or {})
+        for field, value in activations.items():
+            if field not in allowed:
+                raise ValueError(
+                    f"[rnncore.nn.{type(self).__name__}] activations has no field {field!r}; "
+                    f"the fields are {allowed}"
+                )
+            activations[field] = Activation(value)
+        return activations
+
+    def _descriptor(self, training):
+        fields = dict(self._fields(), **self.activations)
+        return self._descriptor_class(
+            bidirectional=self.bidirectional, reverse=self.reverse, training=training, **fields
+        )
 
     # ---- parameters ---------------------------------------------------------------------------
 
@@ -339,19 +365,17 @@ class GRU(_Recurrent):
     :meth:`backward`. ``layer(x, hidden=None)`` returns all hidden states."""
 
     _gates = 3
-    _weights = ("Wx", "Wh", "b", "bhn")
+    _descriptor_class = GRUDescriptor
 
-    def __init__(self, input_size, hidden_size, bias=True, **options):
+    def __init__(self, input_size, hidden_size, bias=True, *, reset_after=True, **options):
+        # Reset-before (Keras' reset_after=False, ONNX's linear_before_reset=0) has no bhn.
+        self.reset_after = bool(reset_after)
+        self._weights = ("Wx", "Wh", "b", "bhn") if reset_after else ("Wx", "Wh", "b")
         super().__init__(input_size, hidden_size, bias, **options)
         self.bias = bias
 
-    def _descriptor(self, training):
-        return GRUDescriptor(
-            reset_gate_first=True,
-            reset_after=True,
-            bidirectional=self.bidirectional,
-            training=training,
-        )
+    def _fields(self):
+        return {"reset_gate_first": True, "reset_after": self.reset_after}
 
     def _forward_op(self, inp, arrays, inits, desc):
         return gru(inp, descriptor=desc, device=self.device, **arrays, **inits)
@@ -384,15 +408,14 @@ class RNN(_Recurrent):
 
     _gates = 1
     _weights = ("Wxh", "Whh", "bias")
+    _descriptor_class = RNNDescriptor
 
     def __init__(self, input_size, hidden_size, bias=True, nonlinearity=None, **options):
         self.nonlinearity = _activation(nonlinearity)
         super().__init__(input_size, hidden_size, bias, **options)
 
-    def _descriptor(self, training):
-        return RNNDescriptor(
-            activation=self.nonlinearity, bidirectional=self.bidirectional, training=training
-        )
+    def _fields(self):
+        return {"activation": self.nonlinearity}
 
     def _forward_op(self, inp, arrays, inits, desc):
         return single_gate_rnn(inp, descriptor=desc, device=self.device, **arrays, **inits)
@@ -422,11 +445,10 @@ class LSTM(_Recurrent):
 
     _gates = 4
     _weights = ("Wx", "Wh", "bias")
+    _descriptor_class = LSTMDescriptor
 
-    def _descriptor(self, training):
-        return LSTMDescriptor(
-            bidirectional=self.bidirectional, produce_cell=True, training=training
-        )
+    def _fields(self):
+        return {"produce_cell": True}
 
     def _forward_op(self, inp, arrays, inits, desc):
         return lstm(inp, descriptor=desc, device=self.device, **arrays, **inits)
@@ -473,3 +495,302 @@ def _activation(nonlinearity):
             f"(or a callable of that name) but is {nonlinearity!r}"
         )
     return _NONLINEARITIES[key]
+
+
+# ---- importers ------------------------------------------------------------------------------
+# Each returns an rnncore.nn layer holding the source's weights in the layer's own layout
+# (MLX's names, PyTorch's gate order); the mappings are the contract's ("Mapping other
+# frameworks onto the descriptors").
+
+_GATE_ORDERS = {"gru": ("r", "z", "n"), "lstm": ("i", "f", "g", "o"), "rnn": ("h",)}
+
+
+def _blocks(a, order):
+    """Reorders the gate blocks of `a` (axis 0): block k of the result is block order[k]."""
+    parts = np.split(np.asarray(a), len(order), axis=0)
+    return np.concatenate([parts[k] for k in order], axis=0)
+
+
+def _set_direction(layer, index, direction, values):
+    """values: the layer's parameter values of one direction, by base name."""
+    suffix = layer._suffix(index, direction)
+    layer.update({base + suffix: v for base, v in values.items() if v is not None})
+
+
+def from_torch(module, **options):
+    """An rnncore.nn layer with the options and weights of a ``torch.nn.GRU``, ``LSTM`` or
+    ``RNN`` (any num_layers, bidirectional, batch_first, bias, nonlinearity). The layer's
+    ``hidden`` is torch's ``h_0`` ([num_layers * D, N, H]; [N, H] with one layer and one
+    direction). `options` (device, dtype, ...) go to the layer."""
+    from . import convert
+
+    kind = convert.torch_kind(module)
+    if getattr(module, "proj_size", 0):
+        raise ValueError("[rnncore.nn.from_torch] proj_size > 0 has no rnncore counterpart")
+    dtype = options.pop("dtype", None) or _numpy_dtype(module.weight_ih_l0)
+    extra = {"nonlinearity": module.nonlinearity} if kind == "rnn" else {}
+    layer = _CLASSES[kind](
+        module.input_size,
+        module.hidden_size,
+        module.bias,
+        num_layers=module.num_layers,
+        bidirectional=module.bidirectional,
+        batch_first=module.batch_first,
+        dtype=dtype,
+        **extra,
+        **options,
+    )
+    state = module.state_dict()
+    for index in range(module.num_layers):
+        for d, p in enumerate(convert.torch_directions(state, index, module.bidirectional)):
+            w = convert.weights_from_torch(kind, [p])
+            values = dict(zip(layer._weights, (w["input_weight"], w["recurrent_weight"])))
+            if module.bias:
+                values[layer._weights[2]] = w["bias"]
+                if kind == "gru":
+                    values["bhn"] = w["secondary_bias"]
+            _set_direction(layer, index, d, values)
+    return layer
+
+
+def _numpy_dtype(tensor):
+    return np.dtype(str(tensor.dtype).replace("torch.", ""))
+
+
+def from_mlx(module, **options):
+    """An rnncore.nn layer with the weights of an ``mlx.nn.GRU``, ``LSTM`` or ``RNN`` (or of
+    an rnncore.mlx layer): the same names, so they load unchanged."""
+    import mlx.nn as mnn
+    from mlx.utils import tree_flatten
+
+    classes = ((mnn.GRU, "gru"), (mnn.LSTM, "lstm"), (mnn.RNN, "rnn"))
+    kind = next((k for cls, k in classes if isinstance(module, cls)), None)
+    if kind is None:
+        raise TypeError(
+            f"[rnncore.nn.from_mlx] module must be an mlx.nn.GRU, LSTM or RNN, "
+            f"not {type(module).__name__}"
+        )
+    params = {k: np.array(v) for k, v in tree_flatten(module.parameters())}
+    first = "Wxh" if kind == "rnn" else "Wx"
+    extra = {"nonlinearity": module.nonlinearity} if kind == "rnn" else {}
+    has_bias = any(k in params for k in ("b", "bias"))
+    layer = _CLASSES[kind](params[first].shape[1], module.hidden_size, has_bias, **extra, **options)
+    return layer.update(params)
+
+
+# Keras' and ONNX's activation names; Keras 3's hard_sigmoid is relu6(x + 3) / 6, not the
+# contract's clamp(0.2 x + 0.5, 0, 1), so it is refused.
+_KERAS_ACTIVATIONS = {
+    "tanh": Activation.TANH,
+    "sigmoid": Activation.SIGMOID,
+    "relu": Activation.RELU,
+    "linear": Activation.NONE,
+}
+_ONNX_ACTIVATIONS = {
+    "Tanh": Activation.TANH,
+    "Sigmoid": Activation.SIGMOID,
+    "Relu": Activation.RELU,
+    "HardSigmoid": Activation.HARD_SIGMOID,
+    "Affine": Activation.NONE,
+}
+
+
+def _keras_activation(config, key):
+    value = config[key]
+    name = value if isinstance(value, str) else getattr(value, "__name__", str(value))
+    if name not in _KERAS_ACTIVATIONS:
+        raise ValueError(
+            f"[rnncore.nn.from_keras] {key}={name!r} has no counterpart in the contract's "
+            f"activations ({sorted(_KERAS_ACTIVATIONS)})"
+        )
+    return _KERAS_ACTIVATIONS[name]
+
+
+def from_keras(layer, **options):
+    """An rnncore.nn layer (batch-first) with the options and weights of a Keras 3 ``GRU``
+    (both ``reset_after`` settings), ``LSTM`` or ``SimpleRNN``; ``go_backwards`` becomes
+    ``reverse`` (outputs in processing order, as Keras returns them)."""
+    kind = {"GRU": "gru", "LSTM": "lstm", "SimpleRNN": "rnn"}.get(type(layer).__name__)
+    if kind is None:
+        raise TypeError(
+            f"[rnncore.nn.from_keras] layer must be a Keras GRU, LSTM or SimpleRNN, "
+            f"not {type(layer).__name__}"
+        )
+    config = layer.get_config()
+    import keras
+
+    # The variables' backend values: torch's through .numpy() (np.array of a Keras Variable
+    # or a torch Parameter warns under numpy 2), the other backends' through Keras.
+    weights = [
+        w.value.detach().cpu().numpy()
+        if hasattr(w.value, "detach")
+        else keras.ops.convert_to_numpy(w.value)
+        for w in layer.weights
+    ]
+    if len(weights) < 2:
+        raise ValueError("[rnncore.nn.from_keras] the layer is not built: call it once first")
+    kernel, recurrent = weights[0], weights[1]
+    bias = weights[2] if config.get("use_bias", True) and len(weights) > 2 else None
+    I, H = kernel.shape[0], config["units"]  # noqa: E741
+    act = _keras_activation(config, "activation")
+    options.setdefault("dtype", kernel.dtype)
+    common = dict(batch_first=True, reverse=bool(config.get("go_backwards")), **options)
+    if kind == "rnn":
+        out = RNN(I, H, bias is not None, nonlinearity=act, **common)
+        return out.update(
+            {"Wxh": kernel.T, "Whh": recurrent.T, "bias": bias}
+            if bias is not None
+            else {"Wxh": kernel.T, "Whh": recurrent.T}
+        )
+    rec = _keras_activation(config, "recurrent_activation")
+    if kind == "lstm":
+        acts = {
+            "input_gate_activation": rec,
+            "forget_gate_activation": rec,
+            "output_gate_activation": rec,
+            "cell_gate_activation": act,
+            "activation": act,
+        }
+        out = LSTM(I, H, bias is not None, activations=acts, **common)
+        values = {"Wx": kernel.T, "Wh": recurrent.T, "bias": bias}
+    else:
+        order = (1, 0, 2)  # Keras' z, r, h -> r, z, h
+        reset_after = bool(config.get("reset_after", True))
+        acts = {
+            "update_gate_activation": rec,
+            "reset_gate_activation": rec,
+            "output_gate_activation": act,
+        }
+        out = GRU(I, H, bias is not None, reset_after=reset_after, activations=acts, **common)
+        values = {"Wx": _blocks(kernel.T, order), "Wh": _blocks(recurrent.T, order)}
+        if bias is not None and reset_after:
+            b_in, b_rec = _blocks(bias[0], order), _blocks(bias[1], order)
+            values["b"] = np.concatenate([b_in[: 2 * H] + b_rec[: 2 * H], b_in[2 * H :]])
+            values["bhn"] = b_rec[2 * H :]
+        elif bias is not None:
+            values["b"] = _blocks(bias, order)
+    return out.update({k: v for k, v in values.items() if v is not None})
+
+
+def from_onnx(model, node=None, **options):
+    """An rnncore.nn layer with the options and weights of an ONNX ``RNN``, ``GRU`` or
+    ``LSTM`` node (`model` an ``onnx.ModelProto`` or a path; `node` its name when the
+    graph has several). ``layout = 0`` gives a time-major layer, ``layout = 1`` a
+    batch-first one; ``direction = "reverse"`` a reverse layer, whose outputs are in
+    processing order (ONNX's ``Y`` is them flipped in time; docs/semantics.md, "ONNX
+    layouts and directions"). What the contract cannot express (``clip``,
+    ``activation_alpha`` / ``activation_beta`` other than HardSigmoid's 0.2 / 0.5,
+    ``input_forget``, non-zero peepholes, run-time ``sequence_lens``) raises."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from .convert import ONNX_GATE_ORDER
+
+    where = "[rnncore.nn.from_onnx]"
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(model)
+    nodes = [n for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
+    if node is not None:
+        nodes = [n for n in nodes if n.name == node]
+    if len(nodes) != 1:
+        names = [n.name for n in model.graph.node if n.op_type in ("RNN", "GRU", "LSTM")]
+        raise ValueError(
+            f"{where} node={node!r} must name one RNN, GRU or LSTM node; the graph has {names}"
+        )
+    n = nodes[0]
+    kind = n.op_type.lower()
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    names = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+    inputs = dict(zip(names, list(n.input) + [""] * 8))
+
+    def const(name):
+        if not inputs[name]:
+            return None
+        if inputs[name] not in consts:
+            raise ValueError(f"{where} {name} ({inputs[name]!r}) must be a graph initializer")
+        return consts[inputs[name]]
+
+    for refused in ("clip", "input_forget"):
+        if attrs.get(refused):
+            raise ValueError(f"{where} {refused}={attrs[refused]} has no counterpart in rnncore")
+    if inputs["sequence_lens"]:
+        raise ValueError(f"{where} sequence_lens is not supported yet: pad the batch")
+    P = const("P")
+    if P is not None and np.any(P):
+        raise ValueError(f"{where} peepholes P (non-zero) have no counterpart in rnncore.nn")
+    W, R, B = const("W"), const("R"), const("B")
+    D, GH, I = W.shape  # noqa: E741
+    H = int(attrs.get("hidden_size", R.shape[-1]))
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    per_dir = {"rnn": ["Tanh"], "gru": ["Sigmoid", "Tanh"], "lstm": ["Sigmoid", "Tanh", "Tanh"]}
+    default = per_dir[kind]
+    acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
+    acts = acts or default * D
+    if D == 2 and acts[: len(default)] != acts[len(default) :] or len(acts) != len(default) * D:
+        raise ValueError(f"{where} activations {acts}: both directions must use the same ones")
+    # Parameterised activations consume activation_alpha / activation_beta in order; the
+    # contract has HardSigmoid(0.2, 0.5) and Affine(1, 0) (the identity) among them.
+    alphas = list(attrs.get("activation_alpha", []))
+    betas = list(attrs.get("activation_beta", []))
+    expressible = {"HardSigmoid": (0.2, 0.5), "Affine": (1.0, 0.0)}
+    for a in acts:
+        if a in expressible:
+            want = expressible[a]
+            got = (alphas.pop(0) if alphas else want[0], betas.pop(0) if betas else want[1])
+            if any(abs(g - w) > 1e-7 for g, w in zip(got, want)):
+                raise ValueError(
+                    f"{where} {a} with alpha, beta = ({got[0]:.6g}, {got[1]:.6g}) differs "
+                    f"from the contract's {want}"
+                )
+        elif a not in _ONNX_ACTIVATIONS:
+            raise ValueError(
+                f"{where} activation {a!r} has no counterpart in the contract's activations"
+            )
+    if alphas or betas:
+        raise ValueError(f"{where} activation_alpha/beta left over: {alphas}/{betas}")
+    f = [_ONNX_ACTIVATIONS[a] for a in acts[: len(default)]]
+    options.setdefault("dtype", W.dtype)
+    common = dict(
+        num_layers=1,
+        bidirectional=direction == "bidirectional",
+        reverse=direction == "reverse",
+        batch_first=int(attrs.get("layout", 0)) == 1,
+        **options,
+    )
+    inverse = np.argsort(ONNX_GATE_ORDER[kind])  # ONNX blocks -> PyTorch's (the layer's)
+    bias = B is not None
+    if kind == "rnn":
+        layer = RNN(I, H, bias, nonlinearity=f[0], **common)
+    elif kind == "gru":
+        reset_after = bool(attrs.get("linear_before_reset", 0))
+        acts_ = {
+            "update_gate_activation": f[0],
+            "reset_gate_activation": f[0],
+            "output_gate_activation": f[1],
+        }
+        layer = GRU(I, H, bias, reset_after=reset_after, activations=acts_, **common)
+    else:
+        acts_ = {
+            "input_gate_activation": f[0],
+            "forget_gate_activation": f[0],
+            "output_gate_activation": f[0],
+            "cell_gate_activation": f[1],
+            "activation": f[2],
+        }
+        layer = LSTM(I, H, bias, activations=acts_, **common)
+    for d in range(D):
+        values = dict(zip(layer._weights, (_blocks(W[d], inverse), _blocks(R[d], inverse))))
+        if bias:
+            wb, rb = _blocks(B[d][:GH], inverse), _blocks(B[d][GH:], inverse)
+            if kind == "gru" and layer.reset_after:
+                values["b"] = np.concatenate([wb[: 2 * H] + rb[: 2 * H], wb[2 * H :]])
+                values["bhn"] = rb[2 * H :]
+            else:
+                values[layer._weights[2]] = wb + rb
+        _set_direction(layer, 0, d, values)
+    return layer
+
+
+_CLASSES = {"gru": GRU, "lstm": LSTM, "rnn": RNN}
