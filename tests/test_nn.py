@@ -309,6 +309,12 @@ def test_rnn_nonlinearity():
             r"\[rnncore.nn.GRU\] hidden must have shape \(2, 4\) but has \(2, 5\)",
         ),
         (
+            lambda: rn.GRU(3, 4, batch_first=False),
+            lambda m: m(np.zeros((2, 5, 3), np.float32), np.zeros((2, 4))),
+            r"hidden must have shape \(5, 4\) but has \(2, 4\) \(is x batch-first\? this layer "
+            r"has batch_first=False\)",
+        ),
+        (
             lambda: rn.LSTM(3, 4, num_layers=2),
             lambda m: m(np.zeros((2, 5, 3)), np.zeros((2, 4))),
             r"\[rnncore.nn.LSTM\] hidden must have shape \(2, 2, 4\) but has \(2, 4\)",

@@ -178,6 +178,12 @@ def test_dropout_between_layers():
             r"\[rnncore.torch.GRU\] hx must have shape \(1, 2, 4\) but has \(1, 2, 5\)",
         ),
         (
+            lambda: rt.GRU(3, 4)(torch.zeros(2, 5, 3), torch.zeros(1, 2, 4)),
+            ValueError,
+            r"hx must have shape \(1, 5, 4\) but has \(1, 2, 4\) \(is input batch-first\? "
+            r"this module has batch_first=False\)",
+        ),
+        (
             lambda: rt.LSTM(3, 4)(torch.zeros(5, 2, 3), (torch.zeros(1, 2, 4), torch.zeros(2, 4))),
             ValueError,
             r"c_0 must have shape \(1, 2, 4\) but has \(2, 4\)",

@@ -232,18 +232,25 @@ class _Recurrent:
             return y[:, 0, :]
         return np.ascontiguousarray(y.transpose(1, 0, 2)) if self.batch_first else y
 
-    def _state(self, arg, value, N, unbatched):
+    def _state(self, arg, value, N, unbatched, T=None):
         """A hidden or cell state in the user's shape -> [num_layers * D, N, H], or None."""
         if value is None:
             return None
         value = np.asarray(value)
         LD, H = self.num_layers * self.directions, self.hidden_size
-        expected = ((N,) if not unbatched else ()) + (H,)
-        if LD > 1 or value.ndim == len(expected) + 1:
-            expected = (LD,) + expected
+
+        def shape(batch):
+            s = ((batch,) if not unbatched else ()) + (H,)
+            return (LD,) + s if LD > 1 or value.ndim == len(s) + 1 else s
+
+        expected = shape(N)
         if value.shape != expected:
+            hint = ""
+            if T is not None and T != N and value.shape == shape(T):
+                hint = f" (is x {'time-major' if self.batch_first else 'batch-first'}? this "
+                hint += f"layer has batch_first={self.batch_first})"
             raise ValueError(
-                f"[{self._label}] {arg} must have shape {expected} but has {value.shape}"
+                f"[{self._label}] {arg} must have shape {expected} but has {value.shape}{hint}"
             )
         value = value.astype(self.dtype, copy=False).reshape(LD, N, H)
         return value
@@ -262,8 +269,8 @@ class _Recurrent:
     def _run(self, x, hidden, cell=None):
         seq, unbatched = self._sequence(x)
         T, N = seq.shape[:2]
-        h0 = self._state("hidden", hidden, N, unbatched)
-        c0 = self._state("cell", cell, N, unbatched)
+        h0 = self._state("hidden", hidden, N, unbatched, T)
+        c0 = self._state("cell", cell, N, unbatched, T)
         desc = self._descriptor(self.training)
         tape = []
         inp = seq

@@ -204,8 +204,8 @@ class _Module:
         N = x.shape[1]
         D, H, L = (2 if self.bidirectional else 1), self.hidden_size, self.num_layers
         h0, c0 = (hx if hx is not None else (None, None)) if self._kind == "lstm" else (hx, None)
-        h0 = self._state("hx" if self._kind != "lstm" else "h_0", h0, N, unbatched)
-        c0 = self._state("c_0", c0, N, unbatched)
+        h0 = self._state("hx" if self._kind != "lstm" else "h_0", h0, N, unbatched, x.shape[0])
+        c0 = self._state("c_0", c0, N, unbatched, x.shape[0])
 
         spec = _Spec(self, self._kind)
         grad = torch.is_grad_enabled() and any(
@@ -242,15 +242,19 @@ class _Module:
         """The final state of each direction: y[T-1, :, :H], and y[0, :, H:] backwards."""
         return [y[-1, :, :H]] + ([y[0, :, H:]] if D == 2 else [])
 
-    def _state(self, arg, value, N, unbatched):
+    def _state(self, arg, value, N, unbatched, T):
         if value is None:
             return None
         LD = self.num_layers * (2 if self.bidirectional else 1)
         expected = (LD, self.hidden_size) if unbatched else (LD, N, self.hidden_size)
         if tuple(value.shape) != expected:
+            hint = ""
+            if not unbatched and T != N and tuple(value.shape) == (LD, T, self.hidden_size):
+                hint = f" (is input {'time-major' if self.batch_first else 'batch-first'}? "
+                hint += f"this module has batch_first={self.batch_first})"
             raise ValueError(
                 f"[rnncore.torch.{type(self).__name__}] {arg} must have shape {expected} "
-                f"but has {tuple(value.shape)}"
+                f"but has {tuple(value.shape)}{hint}"
             )
         return value.unsqueeze(1) if unbatched else value
 
