@@ -1,0 +1,192 @@
+"""``mlx.nn.GRU``, ``mlx.nn.LSTM`` and ``mlx.nn.RNN`` computed by rnncore.
+
+Each class is a subclass of MLX's own layer (the same constructor, parameters, shapes and
+initialisation), whose call is an ``mx.custom_function``: the forward is one fused rnncore
+operation run in training mode, and its VJP is one call of rnncore's gradient operation
+on the training state that forward returned, so ``mx.grad``, ``nn.value_and_grad`` and
+MLX's optimizers work without a second forward.
+
+    import rnncore.mlx
+    layer = rnncore.mlx.GRU(16, 32)
+    loss_and_grad = mlx.nn.value_and_grad(layer, lambda x: layer(x).sum())
+
+Arrays are float32 (rnncore's CPU backend computes them; on an Apple GPU build, pass
+``rnncore_device="metal"``). Under ``mx.compile`` the layer refuses with a clear error:
+rnncore runs outside MLX's graph, on evaluated arrays.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn
+import numpy as np
+
+import rnncore as _rc
+
+from . import GRUDescriptor, LSTMDescriptor, RNNDescriptor
+from . import nn as _nn
+from ._ops import KINDS
+
+__all__ = ["GRU", "LSTM", "RNN"]
+
+
+def _numpy(a, label):
+    if a is None:
+        return None
+    if a.dtype != mx.float32:
+        raise TypeError(f"[{label}] arrays must be float32 but one has dtype {a.dtype}")
+    try:
+        return np.array(a, copy=False)
+    except ValueError as e:  # an array being traced (mx.compile) has no value yet
+        raise RuntimeError(
+            f"[{label}] cannot run under mx.compile: rnncore computes outside MLX's graph, "
+            f"on evaluated arrays; call the layer outside the compiled function ({e})"
+        ) from e
+
+
+class _Layer:
+    """The call of the three layers: a custom function over the present arrays."""
+
+    _kind: str
+    _names: tuple  # MLX's parameter names: input weight, recurrent weight, biases
+
+    def _descriptor(self, training):
+        raise NotImplementedError
+
+    def _call(self, x, hidden, cell=None):
+        label = f"rnncore.mlx.{type(self).__name__}"
+        H = self.hidden_size
+        I = self[self._names[0]].shape[1]  # noqa: E741
+        if x.ndim not in (2, 3) or x.shape[-1] != I:
+            raise ValueError(
+                f"[{label}] x must have shape (N, L, {I}) or (L, {I}) but has {x.shape}"
+            )
+        unbatched = x.ndim == 2
+        N = 1 if unbatched else x.shape[0]
+        for arg, value in (("hidden", hidden), ("cell", cell)):
+            expected = (H,) if unbatched else (N, H)
+            if value is not None and tuple(value.shape) != expected:
+                raise ValueError(
+                    f"[{label}] {arg} must have shape {expected} but has {tuple(value.shape)}"
+                )
+        params = [self.get(n) for n in self._names]
+        present = {"x": x, "hidden": hidden, "cell": cell}
+        present.update({n: p for n, p in zip(self._names, params)})
+        names = [k for k, v in present.items() if v is not None]
+        kind, device = self._kind, getattr(self, "rnncore_device", None)
+        train_desc, grad_desc = self._descriptor(True), self._descriptor(False)
+        roles = dict(
+            zip(self._names, ("input_weight", "recurrent_weight", "bias", "secondary_bias"))
+        )
+
+        def to_time_major(a):
+            return np.ascontiguousarray(a[:, None, :] if unbatched else a.transpose(1, 0, 2))
+
+        def from_time_major(a):
+            return mx.array(a[:, 0, :] if unbatched else a.transpose(1, 0, 2))
+
+        def arrays(values):
+            v = {n: _numpy(a, label) for n, a in zip(names, values)}
+            ops = {roles[n]: v[n] for n in self._names if n in v}
+            for n in ("hidden", "cell"):
+                if n in v:
+                    ops["init_state" if n == "hidden" else "init_cell"] = (
+                        v[n][None, :] if unbatched else v[n]
+                    )
+            return to_time_major(v["x"]), ops
+
+        @mx.custom_function
+        def f(*values):
+            source, ops = arrays(values)
+            R = ops.pop("recurrent_weight")
+            out = getattr(_rc, KINDS[kind].forward)(
+                source, R, descriptor=train_desc, device=device, **ops
+            )
+            result = [from_time_major(out.state)]
+            if kind == "lstm":
+                result.append(from_time_major(out.cell))
+            return (*result, mx.array(out.z_state))
+
+        @f.vjp
+        def f_vjp(primals, cotangents, outputs):
+            source, ops = arrays(primals)
+            R = ops.pop("recurrent_weight")
+            dy = to_time_major(_numpy(cotangents[0], label))
+            z = _numpy(outputs[-1], label)
+            state = to_time_major(_numpy(outputs[0], label))
+            common = dict(descriptor=grad_desc, device=device, **ops)
+            if kind == "gru":
+                g = _rc.gru_gradients(source, R, dy, z, state, **common)
+            elif kind == "lstm":
+                cells = to_time_major(_numpy(outputs[1], label))
+                dc = to_time_major(_numpy(cotangents[1], label))
+                g = _rc.lstm_gradients(source, R, dy, z, cells, cell_gradient=dc, **common)
+            else:
+                g = _rc.single_gate_rnn_gradients(source, R, dy, z, **common)
+            by_name = {
+                "x": from_time_major(g.source),
+                "hidden": None
+                if g.init_state is None
+                else mx.array(g.init_state[0] if unbatched else g.init_state),
+                "cell": None,
+            }
+            if kind == "lstm" and g.init_cell is not None:
+                by_name["cell"] = mx.array(g.init_cell[0] if unbatched else g.init_cell)
+            for n in self._names:
+                role = roles[n]
+                by_name[n] = None if getattr(g, role, None) is None else mx.array(getattr(g, role))
+            return tuple(by_name[n] for n in names)
+
+        out = f(*[present[n] for n in names])
+        return out[0] if kind != "lstm" else (out[0], out[1])
+
+
+class GRU(_Layer, mlx.nn.GRU):
+    __doc__ = mlx.nn.GRU.__doc__
+    _kind = "gru"
+    _names = ("Wx", "Wh", "b", "bhn")
+
+    def __init__(self, input_size, hidden_size, bias=True, *, rnncore_device=None):
+        mlx.nn.GRU.__init__(self, input_size, hidden_size, bias)
+        self.rnncore_device = rnncore_device
+
+    def _descriptor(self, training):
+        return GRUDescriptor(reset_gate_first=True, reset_after=True, training=training)
+
+    def __call__(self, x, hidden=None):
+        return self._call(x, hidden)
+
+
+class LSTM(_Layer, mlx.nn.LSTM):
+    __doc__ = mlx.nn.LSTM.__doc__
+    _kind = "lstm"
+    _names = ("Wx", "Wh", "bias")
+
+    def __init__(self, input_size, hidden_size, bias=True, *, rnncore_device=None):
+        mlx.nn.LSTM.__init__(self, input_size, hidden_size, bias)
+        self.rnncore_device = rnncore_device
+
+    def _descriptor(self, training):
+        return LSTMDescriptor(produce_cell=True, training=training)
+
+    def __call__(self, x, hidden=None, cell=None):
+        return self._call(x, hidden, cell)
+
+
+class RNN(_Layer, mlx.nn.RNN):
+    __doc__ = mlx.nn.RNN.__doc__
+    _kind = "rnn"
+    _names = ("Wxh", "Whh", "bias")
+
+    def __init__(
+        self, input_size, hidden_size, bias=True, nonlinearity=None, *, rnncore_device=None
+    ):
+        mlx.nn.RNN.__init__(self, input_size, hidden_size, bias, nonlinearity)
+        self.rnncore_device = rnncore_device
+        self._activation = _nn._activation(nonlinearity)
+
+    def _descriptor(self, training):
+        return RNNDescriptor(activation=self._activation, training=training)
+
+    def __call__(self, x, hidden=None):
+        return self._call(x, hidden)

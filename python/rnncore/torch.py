@@ -1,0 +1,294 @@
+"""Drop-in ``torch.nn.GRU``, ``torch.nn.LSTM`` and ``torch.nn.RNN`` computed by rnncore.
+
+Each class is a subclass of torch's own module: the same constructor, parameters
+(``weight_ih_l0``, ``weight_hh_l0_reverse``, ...), initialisation, ``state_dict`` and
+``forward(input, hx)`` results (``output, h_n`` or ``output, (h_n, c_n)``, batched and
+unbatched), so ``load_state_dict`` works both ways with torch's modules. ``forward`` runs
+every layer as one fused rnncore operation (both directions in one call) inside a
+``torch.autograd.Function`` whose backward is one call of rnncore's gradient operation,
+on the training state of the same forward. float32 and float64, CPU tensors.
+
+    import rnncore.torch
+    gru = rnncore.torch.GRU(256, 256, num_layers=2, batch_first=True, bidirectional=True)
+    output, h_n = gru(x)          # as torch.nn.GRU
+    output.sum().backward()       # gradients of every parameter and of x
+
+``rnncore_device`` (keyword) picks rnncore's device for the computation ("cpu" by
+default; tensors stay on torch's CPU device either way).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+import rnncore
+from rnncore._ops import KINDS
+
+__all__ = ["GRU", "LSTM", "RNN"]
+
+
+def _numpy(t):
+    return None if t is None else t.detach().contiguous().numpy()
+
+
+def _tensor(a):
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _run(spec, x, h0, c0, params, training):
+    """One layer's forward operation on the tensors' memory (no copies of contiguous ones)."""
+    arrays = spec.arrays([_numpy(p) for p in params])
+    inits = {"init_state": _numpy(h0)}
+    if spec.kind == "lstm":
+        inits["init_cell"] = _numpy(c0)
+    x_np = _numpy(x)
+    op = getattr(rnncore, KINDS[spec.kind].forward)
+    out = op(x_np, descriptor=spec.descriptor(training), device=spec.device, **arrays, **inits)
+    return x_np, arrays, inits, out
+
+
+def _outputs(spec, out):
+    if spec.kind == "lstm":
+        return _tensor(out.state), _tensor(out.cell)
+    return _tensor(out.state)
+
+
+class _Layer(torch.autograd.Function):
+    """One layer, both directions: forward and gradients each one rnncore call."""
+
+    @staticmethod
+    def forward(ctx, spec, x, h0, c0, *params):
+        ctx.spec = spec
+        ctx.saved = _run(spec, x, h0, c0, params, True)
+        return _outputs(spec, ctx.saved[3])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dc=None):
+        spec = ctx.spec
+        x_np, arrays, inits, out = ctx.saved
+        desc = spec.descriptor(False)
+        required = dict(arrays)
+        R = required.pop("recurrent_weight")
+        common = dict(descriptor=desc, device=spec.device, **required, **inits)
+        dy = _numpy(dy)
+        if spec.kind == "gru":
+            g = rnncore.gru_gradients(x_np, R, dy, out.z_state, out.state, **common)
+        elif spec.kind == "lstm":
+            g = rnncore.lstm_gradients(
+                x_np, R, dy, out.z_state, out.cell, cell_gradient=_numpy(dc), **common
+            )
+        else:
+            g = rnncore.single_gate_rnn_gradients(x_np, R, dy, out.z_state, **common)
+        grads = spec.parameter_gradients(g)
+        dh0 = _tensor(g.init_state)
+        dc0 = _tensor(getattr(g, "init_cell", None))
+        return (None, _tensor(g.source), dh0, dc0, *[_tensor(a) for a in grads])
+
+
+class _Spec:
+    """How one layer's torch parameters map onto the operation (the contract's "Mapping
+    other frameworks onto the descriptors")."""
+
+    def __init__(self, module, kind):
+        self.kind = kind
+        self.H = module.hidden_size
+        self.D = 2 if module.bidirectional else 1
+        self.bias = module.bias
+        self.device = module.rnncore_device
+        self.activation = (
+            rnncore.Activation.RELU
+            if getattr(module, "nonlinearity", "tanh") == "relu"
+            else rnncore.Activation.TANH
+        )
+        self.per_direction = 4 if module.bias else 2
+
+    def descriptor(self, training):
+        bidirectional = self.D == 2
+        if self.kind == "gru":
+            return rnncore.GRUDescriptor(
+                reset_gate_first=True,
+                reset_after=True,
+                bidirectional=bidirectional,
+                training=training,
+            )
+        if self.kind == "lstm":
+            return rnncore.LSTMDescriptor(
+                bidirectional=bidirectional, produce_cell=True, training=training
+            )
+        return rnncore.RNNDescriptor(
+            activation=self.activation, bidirectional=bidirectional, training=training
+        )
+
+    def arrays(self, params):
+        """[w_ih, w_hh, (b_ih, b_hh)] per direction -> the operation's arrays."""
+        k, H = self.per_direction, self.H
+        dirs = [params[d * k : (d + 1) * k] for d in range(self.D)]
+        out = {
+            "input_weight": np.concatenate([p[0] for p in dirs]),
+            "recurrent_weight": np.stack([p[1] for p in dirs]) if self.D == 2 else dirs[0][1],
+        }
+        if self.bias:
+            if self.kind == "gru":
+                # [b_ir + b_hr, b_iz + b_hz, b_in] outside, b_hn inside the reset product.
+                out["bias"] = np.concatenate(
+                    [np.concatenate([p[2][: 2 * H] + p[3][: 2 * H], p[2][2 * H :]]) for p in dirs]
+                )
+                out["secondary_bias"] = np.concatenate([p[3][2 * H :] for p in dirs])
+            else:
+                out["bias"] = np.concatenate([p[2] + p[3] for p in dirs])
+        return out
+
+    def parameter_gradients(self, g):
+        """The gradients of [w_ih, w_hh, (b_ih, b_hh)] per direction."""
+        H, D = self.H, self.D
+        GH = g.input_weight.shape[0] // D
+        grads = []
+        for d in range(D):
+            grads.append(g.input_weight[d * GH : (d + 1) * GH])
+            grads.append(g.recurrent_weight[d] if D == 2 else g.recurrent_weight)
+            if self.bias:
+                db = g.bias[d * GH : (d + 1) * GH]
+                grads.append(db)
+                if self.kind == "gru":
+                    grads.append(
+                        np.concatenate([db[: 2 * H], g.secondary_bias[d * H : (d + 1) * H]])
+                    )
+                else:
+                    grads.append(db)
+        return grads
+
+
+class _Module:
+    """forward() of the three modules over torch's own parameters."""
+
+    _kind: str
+
+    def _rnncore_init(self, rnncore_device):
+        if getattr(self, "proj_size", 0) > 0:
+            raise ValueError(
+                f"[rnncore.torch.{type(self).__name__}] proj_size > 0 is not supported "
+                "(rnncore has no projected LSTM yet); use torch.nn.LSTM"
+            )
+        self.rnncore_device = rnncore_device
+
+    def forward(self, input, hx=None):  # noqa: A002 (torch's argument name)
+        name = f"rnncore.torch.{type(self).__name__}"
+        if isinstance(input, torch.nn.utils.rnn.PackedSequence):
+            raise TypeError(
+                f"[{name}] PackedSequence input is not supported yet: pad the batch "
+                "(torch.nn.utils.rnn.pad_packed_sequence) or use torch.nn"
+            )
+        if input.device.type != "cpu":
+            raise TypeError(f"[{name}] input is on {input.device}; rnncore.torch takes CPU tensors")
+        if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
+            layout = "(N, L, {})" if self.batch_first else "(L, N, {})"
+            raise ValueError(
+                f"[{name}] input must have shape {layout.format(self.input_size)} or "
+                f"(L, {self.input_size}) but has {tuple(input.shape)}"
+            )
+        dtype = self.weight_ih_l0.dtype
+        if input.dtype != dtype or dtype not in (torch.float32, torch.float64):
+            raise TypeError(
+                f"[{name}] input has dtype {input.dtype} and the parameters {dtype}; "
+                "both must be float32 or float64"
+            )
+        unbatched = input.dim() == 2
+        x = (
+            input.unsqueeze(1)
+            if unbatched
+            else (input.transpose(0, 1) if self.batch_first else input)
+        )
+        N = x.shape[1]
+        D, H, L = (2 if self.bidirectional else 1), self.hidden_size, self.num_layers
+        h0, c0 = (hx if hx is not None else (None, None)) if self._kind == "lstm" else (hx, None)
+        h0 = self._state("hx" if self._kind != "lstm" else "h_0", h0, N, unbatched, x.shape[0])
+        c0 = self._state("c_0", c0, N, unbatched, x.shape[0])
+
+        spec = _Spec(self, self._kind)
+        grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in [x, h0, c0, *self._flat_weights]
+        )
+        per_layer = spec.per_direction * D
+        params = self._flat_weights
+        h_n, c_n = [], []
+        for layer in range(L):
+            p = params[layer * per_layer : (layer + 1) * per_layer]
+            args = (x, self._layer_state(h0, layer), self._layer_state(c0, layer), *p)
+            if grad:
+                out = _Layer.apply(spec, *args)
+            else:  # inference: no training state, no graph
+                out = _outputs(spec, _run(spec, args[0], args[1], args[2], p, False)[3])
+            y, cells = out if self._kind == "lstm" else (out, None)
+            h_n += self._finals(y, D, H)
+            if cells is not None:
+                c_n += self._finals(cells, D, H)
+            x = y
+            if self.dropout and self.training and layer < L - 1:
+                x = torch.nn.functional.dropout(x, self.dropout, training=True)
+        output = x.squeeze(1) if unbatched else (x.transpose(0, 1) if self.batch_first else x)
+        h_n = torch.stack(h_n)
+        if unbatched:
+            h_n = h_n.squeeze(1)
+        if self._kind == "lstm":
+            c_n = torch.stack(c_n)
+            return output, (h_n, c_n.squeeze(1) if unbatched else c_n)
+        return output, h_n
+
+    @staticmethod
+    def _finals(y, D, H):
+        """The final state of each direction: y[T-1, :, :H], and y[0, :, H:] backwards."""
+        return [y[-1, :, :H]] + ([y[0, :, H:]] if D == 2 else [])
+
+    def _state(self, arg, value, N, unbatched, T):
+        if value is None:
+            return None
+        LD = self.num_layers * (2 if self.bidirectional else 1)
+        expected = (LD, self.hidden_size) if unbatched else (LD, N, self.hidden_size)
+        if tuple(value.shape) != expected:
+            hint = ""
+            if not unbatched and T != N and tuple(value.shape) == (LD, T, self.hidden_size):
+                hint = f" (is input {'time-major' if self.batch_first else 'batch-first'}? "
+                hint += f"this module has batch_first={self.batch_first})"
+            raise ValueError(
+                f"[rnncore.torch.{type(self).__name__}] {arg} must have shape {expected} "
+                f"but has {tuple(value.shape)}{hint}"
+            )
+        return value.unsqueeze(1) if unbatched else value
+
+    def _layer_state(self, states, layer):
+        """[L * D, N, H] -> this layer's [N, D * H] (the operation's layout)."""
+        if states is None:
+            return None
+        D = 2 if self.bidirectional else 1
+        s = states[layer * D : (layer + 1) * D]
+        return s.transpose(0, 1).reshape(s.shape[1], D * self.hidden_size)
+
+
+class GRU(_Module, torch.nn.GRU):
+    __doc__ = torch.nn.GRU.__doc__
+    _kind = "gru"
+
+    def __init__(self, *args, rnncore_device=None, **kwargs):
+        torch.nn.GRU.__init__(self, *args, **kwargs)
+        self._rnncore_init(rnncore_device)
+
+
+class LSTM(_Module, torch.nn.LSTM):
+    __doc__ = torch.nn.LSTM.__doc__
+    _kind = "lstm"
+
+    def __init__(self, *args, rnncore_device=None, **kwargs):
+        torch.nn.LSTM.__init__(self, *args, **kwargs)
+        self._rnncore_init(rnncore_device)
+
+
+class RNN(_Module, torch.nn.RNN):
+    __doc__ = torch.nn.RNN.__doc__
+    _kind = "rnn"
+
+    def __init__(self, *args, rnncore_device=None, **kwargs):
+        torch.nn.RNN.__init__(self, *args, **kwargs)
+        self._rnncore_init(rnncore_device)

@@ -1,0 +1,215 @@
+"""rnncore.torch modules against torch.nn's own: outputs, h_n / c_n and every parameter and
+input gradient (autograd), state_dict both ways, gradcheck, training steps and errors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import rnncore.torch as rt  # noqa: E402
+from rnncore._ops import rel_err  # noqa: E402
+
+PAIRS = {
+    "gru": (torch.nn.GRU, rt.GRU),
+    "lstm": (torch.nn.LSTM, rt.LSTM),
+    "rnn": (torch.nn.RNN, rt.RNN),
+}
+# Measured against torch.nn: float64 ~1e-15, float32 ~2e-7 relative.
+TOL = {torch.float64: 1e-12, torch.float32: 3e-6}
+
+
+def pair(kind, *args, dtype=torch.float64, **kwargs):
+    theirs_cls, ours_cls = PAIRS[kind]
+    theirs = theirs_cls(*args, dtype=dtype, **kwargs)
+    ours = ours_cls(*args, dtype=dtype, **kwargs)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def loss_of(output, state, weight):
+    """A loss that reaches every output: the sequence (weighted) and the final states."""
+    total = (output * weight).sum()
+    for s in state if isinstance(state, tuple) else (state,):
+        total = total + (s**2).sum()
+    return total
+
+
+def check(
+    kind,
+    num_layers,
+    bidirectional,
+    batch_first,
+    bias,
+    with_state,
+    batched,
+    dtype=torch.float64,
+    nonlinearity=None,
+):
+    extra = {"nonlinearity": nonlinearity} if nonlinearity else {}
+    torch.manual_seed(num_layers + 4 * bidirectional)
+    theirs, ours = pair(
+        kind,
+        4,
+        5,
+        num_layers,
+        bias=bias,
+        batch_first=batch_first,
+        bidirectional=bidirectional,
+        dtype=dtype,
+        **extra,
+    )
+    D = 2 if bidirectional else 1
+    shape = ((3, 6, 4) if batch_first else (6, 3, 4)) if batched else (6, 4)
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    sshape = (num_layers * D, 3, 5) if batched else (num_layers * D, 5)
+    h = torch.randn(sshape, dtype=dtype, requires_grad=True)
+    c = torch.randn(sshape, dtype=dtype, requires_grad=True)
+    state = ((h, c) if kind == "lstm" else h) if with_state else None
+    out_t, st_t = theirs(x, state)
+    out_o, st_o = ours(x, state)
+    tol = TOL[dtype]
+    assert out_o.shape == out_t.shape and out_o.dtype == dtype
+    assert rel_err(out_o.detach(), out_t.detach()) < tol
+    for a, b in zip(st_o if kind == "lstm" else (st_o,), st_t if kind == "lstm" else (st_t,)):
+        assert a.shape == b.shape
+        assert rel_err(a.detach(), b.detach()) < tol
+    weight = torch.randn(out_t.shape, dtype=dtype)
+    inputs = [x] + ([h] + ([c] if kind == "lstm" else []) if with_state else [])
+    g_t = torch.autograd.grad(loss_of(out_t, st_t, weight), inputs + list(theirs.parameters()))
+    g_o = torch.autograd.grad(loss_of(out_o, st_o, weight), inputs + list(ours.parameters()))
+    names = ["input", "h", "c"][: len(inputs)] + [n for n, _ in theirs.named_parameters()]
+    for name, a, b in zip(names, g_o, g_t):
+        assert rel_err(a, b) < tol * 10, name
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_matches_torch_float64(kind, num_layers, bidirectional, batch_first, bias, with_state):
+    check(kind, num_layers, bidirectional, batch_first, bias, with_state, True)
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_unbatched(kind, bidirectional, with_state):
+    check(kind, 2, bidirectional, False, True, with_state, False)
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_float32(kind):
+    check(kind, 2, True, True, True, True, True, dtype=torch.float32)
+
+
+def test_relu_rnn():
+    check("rnn", 2, True, False, True, True, True, nonlinearity="relu")
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_gradcheck(kind):
+    torch.manual_seed(0)
+    _, ours = pair(kind, 3, 4, 2, bidirectional=True)
+    x = torch.randn(4, 2, 3, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(4, 2, 4, dtype=torch.float64, requires_grad=True)
+
+    def f(x, h):
+        state = (h, h * 0.5) if kind == "lstm" else h
+        out, st = ours(x, state)
+        return out, *(st if kind == "lstm" else (st,))
+
+    assert torch.autograd.gradcheck(f, (x, h))
+
+
+def test_state_dict_both_ways():
+    torch.manual_seed(1)
+    ours = rt.LSTM(4, 5, 2, bidirectional=True, batch_first=True)
+    theirs = torch.nn.LSTM(4, 5, 2, bidirectional=True, batch_first=True)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 6, 4)
+    assert rel_err(ours(x)[0].detach(), theirs(x)[0].detach()) < TOL[torch.float32]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert isinstance(ours, torch.nn.LSTM)
+
+
+def test_training_steps_match_torch():
+    """A few Adam steps on a 2-layer bidirectional GRU give torch.nn.GRU's weights."""
+    torch.manual_seed(2)
+    theirs, ours = pair("gru", 3, 6, 2, bidirectional=True, batch_first=True)
+    opt_t = torch.optim.Adam(theirs.parameters(), lr=0.01)
+    opt_o = torch.optim.Adam(ours.parameters(), lr=0.01)
+    x = torch.randn(4, 7, 3, dtype=torch.float64)
+    target = torch.randn(4, 7, 12, dtype=torch.float64)
+    for _ in range(5):
+        for model, opt in ((theirs, opt_t), (ours, opt_o)):
+            opt.zero_grad()
+            out, _ = model(x)
+            torch.nn.functional.mse_loss(out, target).backward()
+            opt.step()
+    for (name, a), b in zip(theirs.named_parameters(), ours.parameters()):
+        assert rel_err(b.detach(), a.detach()) < 1e-10, name
+
+
+def test_dropout_between_layers():
+    torch.manual_seed(3)
+    theirs, ours = pair("gru", 3, 4, 2, dropout=0.5)
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    ours.eval()
+    theirs.eval()
+    assert rel_err(ours(x)[0].detach(), theirs(x)[0].detach()) < TOL[torch.float64]
+    ours.train()
+    assert rel_err(ours(x)[0].detach(), theirs(x)[0].detach()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: rt.LSTM(3, 4, proj_size=2), ValueError, r"proj_size > 0 is not supported"),
+        (
+            lambda: rt.GRU(3, 4)(torch.zeros(5, 2, 6)),
+            ValueError,
+            r"\[rnncore.torch.GRU\] input must have shape \(L, N, 3\) or \(L, 3\) "
+            r"but has \(5, 2, 6\)",
+        ),
+        (
+            lambda: rt.GRU(3, 4)(torch.zeros(5, 2, 3), torch.zeros(1, 2, 5)),
+            ValueError,
+            r"\[rnncore.torch.GRU\] hx must have shape \(1, 2, 4\) but has \(1, 2, 5\)",
+        ),
+        (
+            lambda: rt.GRU(3, 4)(torch.zeros(2, 5, 3), torch.zeros(1, 2, 4)),
+            ValueError,
+            r"hx must have shape \(1, 5, 4\) but has \(1, 2, 4\) \(is input batch-first\? "
+            r"this module has batch_first=False\)",
+        ),
+        (
+            lambda: rt.LSTM(3, 4)(torch.zeros(5, 2, 3), (torch.zeros(1, 2, 4), torch.zeros(2, 4))),
+            ValueError,
+            r"c_0 must have shape \(1, 2, 4\) but has \(2, 4\)",
+        ),
+        (
+            lambda: rt.GRU(3, 4)(torch.zeros(5, 2, 3, dtype=torch.float64)),
+            TypeError,
+            r"input has dtype torch.float64 and the parameters torch.float32",
+        ),
+        (
+            lambda: rt.GRU(3, 4)(torch.nn.utils.rnn.pack_sequence([torch.zeros(2, 3)])),
+            TypeError,
+            r"PackedSequence input is not supported yet",
+        ),
+    ],
+)
+def test_errors_name_module_argument_and_shapes(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_outputs_are_usable_tensors():
+    _, ours = pair("lstm", 3, 4, dtype=torch.float32)
+    out, (h, c) = ours(torch.randn(5, 2, 3))
+    assert out.requires_grad and h.requires_grad and c.requires_grad
+    assert np.isfinite(out.detach().numpy()).all()
+    with torch.no_grad():
+        out, _ = ours(torch.randn(5, 2, 3))
+    assert not out.requires_grad
