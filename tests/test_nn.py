@@ -108,30 +108,6 @@ def torch():
     return pytest.importorskip("torch")
 
 
-def torch_parameters(module, kind):
-    """torch.nn.GRU/LSTM/RNN parameters under rnncore.nn's names (the contract's mapping)."""
-    H = module.hidden_size
-    names = MLX_NAMES[kind]
-    out = {}
-    for layer in range(module.num_layers):
-        for d in range(2 if module.bidirectional else 1):
-            ts = f"_l{layer}" + ("_reverse" if d else "")
-            os_ = ("" if layer == 0 else f"_l{layer}") + ("_reverse" if d else "")
-
-            def get(name, ts=ts):
-                return getattr(module, name + ts).detach().numpy()
-
-            out[names[0] + os_], out[names[1] + os_] = get("weight_ih"), get("weight_hh")
-            if module.bias:
-                bi, bh = get("bias_ih"), get("bias_hh")
-                if kind == "gru":
-                    out["b" + os_] = np.concatenate([bi[: 2 * H] + bh[: 2 * H], bi[2 * H :]])
-                    out["bhn" + os_] = bh[2 * H :]
-                else:
-                    out[names[2] + os_] = bi + bh
-    return out
-
-
 def torch_gradients(module, kind):
     """The torch module's parameter gradients under rnncore.nn's names."""
     H = module.hidden_size
@@ -195,7 +171,7 @@ def _check_torch(
         batch_first=batch_first,
         dtype=dtype,
     )
-    ours.update(torch_parameters(module, kind))
+    ours.update(rn.from_torch(module).parameters())
     r = rng(num_layers * 8 + 2 * bidirectional + batch_first)
     xshape = ((N, T, I) if batch_first else (T, N, I)) if batched else (T, I)
     x = torch.tensor(r.standard_normal(xshape), dtype=tdtype, requires_grad=True)

@@ -213,3 +213,15 @@ def test_outputs_are_usable_tensors():
     with torch.no_grad():
         out, _ = ours(torch.randn(5, 2, 3))
     assert not out.requires_grad
+
+
+def test_raw_functions_refuse_tensors_in_a_graph():
+    """A tensor that needs a gradient never leaves autograd silently."""
+    x = torch.zeros(2, 1, 3, requires_grad=True)
+    r = torch.zeros(3, 3)
+    with pytest.raises(
+        TypeError, match=r"\[single_gate_rnn\] source requires grad: .*rnncore.torch"
+    ):
+        rt.rnncore.single_gate_rnn(x, r)
+    out = rt.rnncore.single_gate_rnn(x.detach(), r)  # detached: computed
+    assert out.state.shape == (2, 1, 3)

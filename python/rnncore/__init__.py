@@ -63,6 +63,13 @@ def __dir__():
 def _call(name: str, result: type, args: dict):
     """Run ``_core.<name>`` with a wrapper's arguments (its ``locals()``, all by keyword)
     and wrap the tuple it returns in the named result type."""
+    for arg, value in args.items():
+        # A tensor in an autograd graph would leave it silently: rnncore.torch keeps it.
+        if getattr(value, "requires_grad", False) is True:
+            raise TypeError(
+                f"[{name}] {arg} requires grad: rnncore.{name} is not part of torch's "
+                "autograd; use the rnncore.torch modules, or pass tensor.detach()"
+            )
     return result(*getattr(_core, name)(**args))
 
 

@@ -26,19 +26,15 @@ import math
 
 import numpy as np
 
+import rnncore as _rc
+
 from . import (
     Activation,
     GRUDescriptor,
     LSTMDescriptor,
     RNNDescriptor,
-    gru,
-    gru_gradients,
-    lstm,
-    lstm_gradients,
-    single_gate_rnn,
-    single_gate_rnn_gradients,
 )
-from ._ops import activation_fields
+from ._ops import KINDS, activation_fields
 
 __all__ = ["GRU", "LSTM", "RNN", "from_keras", "from_mlx", "from_onnx", "from_torch"]
 
@@ -50,6 +46,38 @@ _NONLINEARITIES = {
     "hard_sigmoid": Activation.HARD_SIGMOID,
     "identity": Activation.NONE,
 }
+
+
+def layer_forward(kind, source, arrays, inits, descriptor, device):
+    """One layer's forward operation: `arrays` the weights as the operation's keywords
+    (input_weight, recurrent_weight, bias, secondary_bias), `inits` its initial states."""
+    op = getattr(_rc, KINDS[kind].forward)
+    return op(source, descriptor=descriptor, device=device, **arrays, **inits)
+
+
+def layer_gradients(kind, source, arrays, inits, result, dy, dc, descriptor, device):
+    """The gradient operation of `layer_forward`'s call that gave `result` (run with
+    training), for the state gradient `dy` and, for the LSTM, the per-step cell gradient."""
+    rest = dict(arrays)
+    R = rest.pop("recurrent_weight")
+    forward_output = ()  # the forward output the gradients read: GRU h, LSTM c
+    if kind == "gru":
+        forward_output = (result.state,)
+    elif kind == "lstm":
+        forward_output = (result.cell,)
+        rest["cell_gradient"] = dc
+    op = getattr(_rc, KINDS[kind].gradients)
+    return op(
+        source,
+        R,
+        dy,
+        result.z_state,
+        *forward_output,
+        descriptor=descriptor,
+        device=device,
+        **rest,
+        **inits,
+    )
 
 
 class _Recurrent:
@@ -266,6 +294,12 @@ class _Recurrent:
 
     # ---- forward and backward -----------------------------------------------------------------
 
+    def _forward_op(self, inp, arrays, inits, desc):
+        return layer_forward(self._kind, inp, arrays, inits, desc, self.device)
+
+    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
+        return layer_gradients(self._kind, inp, arrays, inits, result, dy, dc, desc, self.device)
+
     def _run(self, x, hidden, cell=None):
         seq, unbatched = self._sequence(x)
         T, N = seq.shape[:2]
@@ -371,7 +405,7 @@ class GRU(_Recurrent):
     ``num_layers``, ``bidirectional``, ``batch_first``, ``device``, ``dtype`` and
     :meth:`backward`. ``layer(x, hidden=None)`` returns all hidden states."""
 
-    _gates = 3
+    _kind, _gates = "gru", 3
     _descriptor_class = GRUDescriptor
 
     def __init__(self, input_size, hidden_size, bias=True, *, reset_after=True, **options):
@@ -384,25 +418,6 @@ class GRU(_Recurrent):
     def _fields(self):
         return {"reset_gate_first": True, "reset_after": self.reset_after}
 
-    def _forward_op(self, inp, arrays, inits, desc):
-        return gru(inp, descriptor=desc, device=self.device, **arrays, **inits)
-
-    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
-        W = arrays["input_weight"]
-        rest = {k: v for k, v in arrays.items() if k not in ("input_weight", "recurrent_weight")}
-        return gru_gradients(
-            inp,
-            arrays["recurrent_weight"],
-            dy,
-            result.z_state,
-            result.state,
-            input_weight=W,
-            descriptor=desc,
-            device=self.device,
-            **rest,
-            **inits,
-        )
-
     def __call__(self, x, hidden=None):
         result, unbatched = self._run(x, hidden)
         return self._from_sequence(result.state, unbatched)
@@ -413,7 +428,7 @@ class RNN(_Recurrent):
     callable such as ``mlx.nn.tanh`` / ``mlx.nn.relu``, or a name: tanh, relu, sigmoid,
     hard_sigmoid, identity; default tanh), plus the options of every rnncore.nn layer."""
 
-    _gates = 1
+    _kind, _gates = "rnn", 1
     _weights = ("Wxh", "Whh", "bias")
     _descriptor_class = RNNDescriptor
 
@@ -423,22 +438,6 @@ class RNN(_Recurrent):
 
     def _fields(self):
         return {"activation": self.nonlinearity}
-
-    def _forward_op(self, inp, arrays, inits, desc):
-        return single_gate_rnn(inp, descriptor=desc, device=self.device, **arrays, **inits)
-
-    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
-        return single_gate_rnn_gradients(
-            inp,
-            arrays["recurrent_weight"],
-            dy,
-            result.z_state,
-            input_weight=arrays["input_weight"],
-            bias=arrays["bias"],
-            descriptor=desc,
-            device=self.device,
-            **inits,
-        )
 
     def __call__(self, x, hidden=None):
         result, unbatched = self._run(x, hidden)
@@ -450,30 +449,12 @@ class LSTM(_Recurrent):
     every rnncore.nn layer. ``layer(x, hidden=None, cell=None)`` returns all hidden states
     and all cells of the last layer, in the same shape."""
 
-    _gates = 4
+    _kind, _gates = "lstm", 4
     _weights = ("Wx", "Wh", "bias")
     _descriptor_class = LSTMDescriptor
 
     def _fields(self):
         return {"produce_cell": True}
-
-    def _forward_op(self, inp, arrays, inits, desc):
-        return lstm(inp, descriptor=desc, device=self.device, **arrays, **inits)
-
-    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
-        return lstm_gradients(
-            inp,
-            arrays["recurrent_weight"],
-            dy,
-            result.z_state,
-            result.cell,
-            cell_gradient=dc,
-            input_weight=arrays["input_weight"],
-            bias=arrays["bias"],
-            descriptor=desc,
-            device=self.device,
-            **inits,
-        )
 
     def __call__(self, x, hidden=None, cell=None):
         result, unbatched = self._run(x, hidden, cell)

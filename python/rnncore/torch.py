@@ -24,7 +24,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import rnncore
-from rnncore._ops import KINDS
+from rnncore.convert import TORCH_PARAMETERS, gradients_to_torch, torch_suffix, weights_from_torch
+from rnncore.nn import layer_forward, layer_gradients
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
@@ -44,8 +45,7 @@ def _run(spec, x, h0, c0, params, training):
     if spec.kind == "lstm":
         inits["init_cell"] = _numpy(c0)
     x_np = _numpy(x)
-    op = getattr(rnncore, KINDS[spec.kind].forward)
-    out = op(x_np, descriptor=spec.descriptor(training), device=spec.device, **arrays, **inits)
+    out = layer_forward(spec.kind, x_np, arrays, inits, spec.descriptor(training), spec.device)
     return x_np, arrays, inits, out
 
 
@@ -69,19 +69,17 @@ class _Layer(torch.autograd.Function):
     def backward(ctx, dy, dc=None):
         spec = ctx.spec
         x_np, arrays, inits, out = ctx.saved
-        desc = spec.descriptor(False)
-        required = dict(arrays)
-        R = required.pop("recurrent_weight")
-        common = dict(descriptor=desc, device=spec.device, **required, **inits)
-        dy = _numpy(dy)
-        if spec.kind == "gru":
-            g = rnncore.gru_gradients(x_np, R, dy, out.z_state, out.state, **common)
-        elif spec.kind == "lstm":
-            g = rnncore.lstm_gradients(
-                x_np, R, dy, out.z_state, out.cell, cell_gradient=_numpy(dc), **common
-            )
-        else:
-            g = rnncore.single_gate_rnn_gradients(x_np, R, dy, out.z_state, **common)
+        g = layer_gradients(
+            spec.kind,
+            x_np,
+            arrays,
+            inits,
+            out,
+            _numpy(dy),
+            _numpy(dc),
+            spec.descriptor(False),
+            spec.device,
+        )
         grads = spec.parameter_gradients(g)
         dh0 = _tensor(g.init_state)
         dc0 = _tensor(getattr(g, "init_cell", None))
@@ -122,43 +120,23 @@ class _Spec:
             activation=self.activation, bidirectional=bidirectional, training=training
         )
 
+    def _directions(self, params):
+        """[w_ih, w_hh, (b_ih, b_hh)] per direction -> one mapping per direction."""
+        k = self.per_direction
+        return [dict(zip(TORCH_PARAMETERS, params[d * k : (d + 1) * k])) for d in range(self.D)]
+
     def arrays(self, params):
-        """[w_ih, w_hh, (b_ih, b_hh)] per direction -> the operation's arrays."""
-        k, H = self.per_direction, self.H
-        dirs = [params[d * k : (d + 1) * k] for d in range(self.D)]
-        out = {
-            "input_weight": np.concatenate([p[0] for p in dirs]),
-            "recurrent_weight": np.stack([p[1] for p in dirs]) if self.D == 2 else dirs[0][1],
-        }
-        if self.bias:
-            if self.kind == "gru":
-                # [b_ir + b_hr, b_iz + b_hz, b_in] outside, b_hn inside the reset product.
-                out["bias"] = np.concatenate(
-                    [np.concatenate([p[2][: 2 * H] + p[3][: 2 * H], p[2][2 * H :]]) for p in dirs]
-                )
-                out["secondary_bias"] = np.concatenate([p[3][2 * H :] for p in dirs])
-            else:
-                out["bias"] = np.concatenate([p[2] + p[3] for p in dirs])
-        return out
+        """The layer's parameters as the operation's arrays (rnncore.convert)."""
+        return weights_from_torch(self.kind, self._directions(params))
 
     def parameter_gradients(self, g):
-        """The gradients of [w_ih, w_hh, (b_ih, b_hh)] per direction."""
-        H, D = self.H, self.D
-        GH = g.input_weight.shape[0] // D
-        grads = []
-        for d in range(D):
-            grads.append(g.input_weight[d * GH : (d + 1) * GH])
-            grads.append(g.recurrent_weight[d] if D == 2 else g.recurrent_weight)
-            if self.bias:
-                db = g.bias[d * GH : (d + 1) * GH]
-                grads.append(db)
-                if self.kind == "gru":
-                    grads.append(
-                        np.concatenate([db[: 2 * H], g.secondary_bias[d * H : (d + 1) * H]])
-                    )
-                else:
-                    grads.append(db)
-        return grads
+        """The gradients of [w_ih, w_hh, (b_ih, b_hh)] per direction, in that order."""
+        by_name = gradients_to_torch(self.kind, g, bidirectional=self.D == 2)
+        return [
+            by_name[name + torch_suffix(0, d)]
+            for d in range(self.D)
+            for name in TORCH_PARAMETERS[: self.per_direction]
+        ]
 
 
 class _Module:
@@ -166,7 +144,8 @@ class _Module:
 
     _kind: str
 
-    def _rnncore_init(self, rnncore_device):
+    def __init__(self, *args, rnncore_device=None, **kwargs):
+        super().__init__(*args, **kwargs)  # torch's module: arguments, parameters, init
         if getattr(self, "proj_size", 0) > 0:
             raise ValueError(
                 f"[rnncore.torch.{type(self).__name__}] proj_size > 0 is not supported "
@@ -271,24 +250,12 @@ class GRU(_Module, torch.nn.GRU):
     __doc__ = torch.nn.GRU.__doc__
     _kind = "gru"
 
-    def __init__(self, *args, rnncore_device=None, **kwargs):
-        torch.nn.GRU.__init__(self, *args, **kwargs)
-        self._rnncore_init(rnncore_device)
-
 
 class LSTM(_Module, torch.nn.LSTM):
     __doc__ = torch.nn.LSTM.__doc__
     _kind = "lstm"
 
-    def __init__(self, *args, rnncore_device=None, **kwargs):
-        torch.nn.LSTM.__init__(self, *args, **kwargs)
-        self._rnncore_init(rnncore_device)
-
 
 class RNN(_Module, torch.nn.RNN):
     __doc__ = torch.nn.RNN.__doc__
     _kind = "rnn"
-
-    def __init__(self, *args, rnncore_device=None, **kwargs):
-        torch.nn.RNN.__init__(self, *args, **kwargs)
-        self._rnncore_init(rnncore_device)
