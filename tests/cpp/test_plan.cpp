@@ -120,7 +120,7 @@ TEST(Plan, BatchTileCoversTheBatch) {
 TEST(Plan, NoProjectionWithoutWeightAndBias) {
   Problem p = problem(OpKind::Gru, 3, 2, 0, 5);
   p.has_input_weight = false;
-  p.reset_after = true;
+  p.gru.reset_after = true;
   p.ZG = 4;
   const Plan plan = plan_forward(p, {});
   ASSERT_EQ(plan.dispatches.size(), 3u);
@@ -217,7 +217,7 @@ namespace {
 
 Problem gradient_problem(OpKind op, bool reset_after = false) {
   Problem p = problem(op, 4, 3, 5, 7, 2);
-  p.reset_after = reset_after;
+  p.gru.reset_after = reset_after;
   if (op == OpKind::Gru && reset_after) p.ZG = 4;
   p.has_bias = true;
   p.has_init_state = true;

@@ -227,7 +227,7 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     return g;
   }
   // A reset-before GRU ignores the secondary bias: its gradient stays zero.
-  if (g.secondary_bias && !p.reset_after) {
+  if (g.secondary_bias && !p.gru.reset_after) {
     fill_zeros(*g.secondary_bias);
     a.db2 = nullptr;
   }

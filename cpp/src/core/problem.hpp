@@ -37,7 +37,9 @@ struct Problem {
   // Block positions of the logical gates. LSTM: i, f, z (cell), o. GRU: z, r, o.
   int64_t lstm_i = 0, lstm_f = 1, lstm_z = 2, lstm_o = 3;
   int64_t gru_z = 0, gru_r = 1;  // the GRU candidate block is always 2
-  bool reset_after = false, flip_z = false;
+  // The GRU's descriptor as given: its flags (reset_after, flip_z, ...) are read where they
+  // act, so a new flag is not copied field by field on its way to the kernels.
+  GRUDescriptor gru;
 
   int64_t gh() const { return G * H; }
   int64_t dh() const { return D * H; }

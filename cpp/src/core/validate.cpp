@@ -227,8 +227,7 @@ Problem validate_inputs(Checker& c, const GRUInputs& in, const GRUDescriptor& d)
   p.dtype = c.dtype_value();
   p.reverse = d.reverse && !d.bidirectional;
   p.training = d.training;
-  p.reset_after = d.reset_after;
-  p.flip_z = d.flip_z;
+  p.gru = d;
   p.gru_z = d.reset_gate_first ? 1 : 0;
   p.gru_r = d.reset_gate_first ? 0 : 1;
   p.gate_act[p.gru_z] = d.update_gate_activation;

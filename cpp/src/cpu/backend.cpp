@@ -128,7 +128,7 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   if (!blas_path_forced())
     for (int64_t d = 0; d < p.D; ++d) {
       const T* R = static_cast<const T*>(dirs[d].R);
-      const bool split = p.op == detail::OpKind::Gru && !p.reset_after;
+      const bool split = p.op == detail::OpKind::Gru && !p.gru.reset_after;
       const int64_t K = split ? 2 * H : p.G * H;
       const auto& ops = fused_kernels().ops<T>();
       packed[d].resize(static_cast<size_t>(packed_columns_size<T>(K, H)));
@@ -287,7 +287,7 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
     direction_inputs(p, in, mask.data(), d, a);
     a.xp = off(xp, d * p.gh());
     a.xp_ld = dgh;
-    a.b2 = p.reset_after ? off(in.secondary_bias, d * H) : nullptr;
+    a.b2 = p.gru.reset_after ? off(in.secondary_bias, d * H) : nullptr;
     a.y = off(in.state, d * H);
     a.y_ld = DH;
     a.c = off(in.cell, d * H);
@@ -335,7 +335,7 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
     a.dxp_ld = dgh;
     a.dR = off(in.dR, d * GH * H);
     a.dP = off(in.dP, d * 4 * H);
-    a.db2 = p.reset_after ? off(in.db2, d * H) : nullptr;
+    a.db2 = p.gru.reset_after ? off(in.db2, d * H) : nullptr;
     a.dh0 = rows(in.dh0, a.dh0_ld);
     a.dc0 = rows(in.dc0, a.dc0_ld);
   }

@@ -136,7 +136,7 @@ struct Fused {  // S: the scalar type
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
   // every unit.
   static int phases(const Problem& p) {
-    return p.op == detail::OpKind::Gru && !p.reset_after ? 2 : 1;
+    return p.op == detail::OpKind::Gru && !p.gru.reset_after ? 2 : 1;
   }
 
   // Shared per-direction state of a call.
@@ -233,7 +233,7 @@ struct Fused {  // S: the scalar type
         break;
       }
       case detail::OpKind::Gru:
-        if (p.reset_after) {
+        if (p.gru.reset_after) {
           static constexpr int gates[3] = {0, 1, 2};
           pack_panels<3>(R, H, gates, b0, b1, bf.panels);
         } else {
@@ -256,7 +256,7 @@ struct Fused {  // S: the scalar type
       case detail::OpKind::Rnn: return rnn(p, a, bf, s, b0, b1, blk);
       case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk);
       case detail::OpKind::Gru:
-        if (p.reset_after) return gru_after(p, a, bf, s, b0, b1, blk);
+        if (p.gru.reset_after) return gru_after(p, a, bf, s, b0, b1, blk);
         if (phase == 0) return gru_before_zr(p, a, bf, s, b0, b1, blk);
         return gru_before_o(p, a, bf, s, b0, b1, blk);
     }
@@ -341,7 +341,7 @@ struct Fused {  // S: the scalar type
 
   // ---- GRU ----------------------------------------------------------------------------
   static void blend(const Problem& p, const S* zg, const S* hp, S* o, int64_t wv) {
-    if (p.flip_z)
+    if (p.gru.flip_z)
       for (int64_t w = 0; w < wv; ++w) o[w] = (S(1) - zg[w]) * hp[w] + zg[w] * o[w];
     else
       for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (S(1) - zg[w]) * o[w];

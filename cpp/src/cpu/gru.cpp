@@ -28,7 +28,7 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
     const Rows<const T> hprev = previous<T>(a, s, T_, N, zeros, H);
     const Rows<const T> h = masked(a, hprev, N, H, hm);
     // z and r are the first two blocks in either order.
-    recurrent_product(h, N, H, R, p.reset_after ? G3 : 2 * H, acc, G3);
+    recurrent_product(h, N, H, R, p.gru.reset_after ? G3 : 2 * H, acc, G3);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * G3;
       const T* xr = x + n * a.xp_ld;
@@ -36,21 +36,21 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
       if (z) std::memcpy(z + n * a.z_ld, pre, static_cast<size_t>(2 * H) * sizeof(T));
       activate(act_z, pre + zo, pre + zo, H);
       activate(act_r, pre + ro, pre + ro, H);
-      if (!p.reset_after) {
+      if (!p.gru.reset_after) {
         const T* r = pre + ro;
         const T* hr = h.row(n);
         T* u = rh + n * H;
         for (int64_t j = 0; j < H; ++j) u[j] = r[j] * hr[j];
       }
     }
-    if (!p.reset_after) recurrent_product(Rows<const T>{rh, H}, N, H, Ro, H, acc + oo, G3);
+    if (!p.gru.reset_after) recurrent_product(Rows<const T>{rh, H}, N, H, Ro, H, acc + oo, G3);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * G3;
       const T* xr = x + n * a.xp_ld;
       const T* r = pre + ro;
       T* o = pre + oo;
       T* zr = z ? z + n * a.z_ld : nullptr;
-      if (p.reset_after) {
+      if (p.gru.reset_after) {
         if (b2)
           for (int64_t j = 0; j < H; ++j) o[j] += b2[j];
         if (zr) {
@@ -66,7 +66,7 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
       const T* zg = pre + zo;
       const T* hp = hprev.row(n);
       T* yr = y + n * a.y_ld;
-      if (p.flip_z)
+      if (p.gru.flip_z)
         for (int64_t j = 0; j < H; ++j) yr[j] = (T(1) - zg[j]) * hp[j] + zg[j] * o[j];
       else
         for (int64_t j = 0; j < H; ++j) yr[j] = zg[j] * hp[j] + (T(1) - zg[j]) * o[j];
@@ -115,7 +115,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       T* dr = drbuf + n * H;
       activate_grad(act_z, zr + zo, zg, dzg, H);
       activate_grad(act_r, zr + ro, r, dr, H);
-      if (p.reset_after)  // a_o = x'_o + r ⊙ q, from the 4th and 3rd blocks of z_state
+      if (p.gru.reset_after)  // a_o = x'_o + r ⊙ q, from the 4th and 3rd blocks of z_state
         for (int64_t j = 0; j < H; ++j) ao[j] = zr[3 * H + j] + r[j] * zr[oo + j];
       else
         std::memcpy(ao, zr + oo, static_cast<size_t>(H) * sizeof(T));
@@ -126,7 +126,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         T dh = dy[n * a.dy_ld + j] + dh_next[n * H + j];
         if (dfin) dh += dfin[n * a.dh_final_ld + j];
         T dz, d_o;
-        if (p.flip_z) {
+        if (p.gru.flip_z) {
           dz = dh * (og[j] - hpr[j]);
           d_o = dh * zg[j];
           dir[j] = dh * (T(1) - zg[j]);
@@ -138,7 +138,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         dxr[zo + j] = dz * dzg[j];
         dxr[oo + j] = d_o * dog[j];
       }
-      if (p.reset_after) {
+      if (p.gru.reset_after) {
         const T* q = zr + oo;
         T* dgr = dg + n * G3;
         T* dq = sd + n * H;
@@ -152,7 +152,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         }
       }
     }
-    if (p.reset_after) {
+    if (p.gru.reset_after) {
       step_product<T>(dg, G3, N, G3, R, sl.packed_R, H, dh_next, H, false);
     } else {
       step_product<T>(dx + oo, a.dxp_ld, N, H, R + 2 * H * H, sl.packed_Ro, H, du, H, false);
@@ -184,7 +184,7 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
   const T* dxp = static_cast<const T*>(a.dxp);
   T* dR = static_cast<T*>(a.dR);
   parallel_gemm<T>(true, false, 2 * H, H, rows, T(1), dxp, a.dxp_ld, hm_all, H, T(0), dR, H);
-  if (p.reset_after) {
+  if (p.gru.reset_after) {
     parallel_gemm<T>(true, false, H, H, rows, T(1), side, H, hm_all, H, T(0), dR + 2 * H * H, H);
     if (a.db2) {
       T* db2 = static_cast<T*>(a.db2);

@@ -214,7 +214,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   const int64_t K = p.has_input_weight ? p.I : DGH;
   const bool project = p.has_input_weight || p.has_bias;
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
-  const bool reset_before = gru && !p.reset_after;
+  const bool reset_before = gru && !p.gru.reset_after;
 
   check_extents(p, false);
 
@@ -228,7 +228,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   if (p.has_init_cell) set(plan, Buffer::InitCell, N * DH);
   if (p.has_mask) set(plan, Buffer::Mask, mask.rows * mask.cols);
   if (p.has_peephole) set(plan, Buffer::Peephole, D * 4 * H);
-  if (gru && p.reset_after && p.has_secondary_bias) set(plan, Buffer::SecondaryBias, DH);
+  if (gru && p.gru.reset_after && p.has_secondary_bias) set(plan, Buffer::SecondaryBias, DH);
   set_out(plan, Buffer::State, T * N * DH);
   if (lstm) set_out(plan, p.produce_cell ? Buffer::Cell : Buffer::CellScratch, T * N * DH);
   if (p.training) set_out(plan, Buffer::ZState, T * N * D * p.ZG * H);
@@ -249,14 +249,14 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   // Everything but the step number is the same for every step.
   Dispatch step;
   using B = FunctionConstant::Type;
-  const bool has_b2 = gru && p.reset_after && p.has_secondary_bias;
+  const bool has_b2 = gru && p.gru.reset_after && p.has_secondary_bias;
   step.constants = {{k::FC_HAS_INIT_STATE, B::Bool, p.has_init_state},
                     {k::FC_HAS_INIT_CELL, B::Bool, lstm && p.has_init_cell},
                     {k::FC_HAS_MASK, B::Bool, p.has_mask},
                     {k::FC_HAS_PEEPHOLE, B::Bool, lstm && p.has_peephole},
                     {k::FC_HAS_SECONDARY_BIAS, B::Bool, has_b2},
                     {k::FC_TRAINING, B::Bool, p.training},
-                    {k::FC_FLIP_Z, B::Bool, gru && p.flip_z},
+                    {k::FC_FLIP_Z, B::Bool, gru && p.gru.flip_z},
                     {k::FC_HAS_CELL, B::Bool, lstm},
                     {k::FC_HAS_WORKSPACE, B::Bool, reset_before}};
   append_gate_constants(p, step.constants);
@@ -276,7 +276,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_step" + tile};
   if (lstm) kernels = {"lstm_step" + tile};
-  if (gru && p.reset_after) kernels = {"gru_step" + tile};
+  if (gru && p.gru.reset_after) kernels = {"gru_step" + tile};
   if (reset_before) kernels = {"gru_gates" + tile, "gru_candidate" + tile};
 
   auto params = step_params(p, mask);
@@ -339,7 +339,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   const bool W = p.has_input_weight;
   const int64_t K = W ? p.I : DGH;
   const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
-  const bool reset_before = gru && !p.reset_after, reset_after = gru && p.reset_after;
+  const bool reset_before = gru && !p.gru.reset_after, reset_after = gru && p.gru.reset_after;
   const bool peephole = lstm && p.has_peephole, init_cell = lstm && p.has_init_cell;
   check_extents(p, true);
 
@@ -398,7 +398,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
                     {k::FC_HAS_INIT_CELL, B::Bool, init_cell},
                     {k::FC_HAS_MASK, B::Bool, p.has_mask},
                     {k::FC_HAS_PEEPHOLE, B::Bool, peephole},
-                    {k::FC_FLIP_Z, B::Bool, gru && p.flip_z},
+                    {k::FC_FLIP_Z, B::Bool, gru && p.gru.flip_z},
                     {k::FC_HAS_DH_FINAL, B::Bool, gs.dh_final},
                     {k::FC_HAS_DC_FINAL, B::Bool, gs.dc_final},
                     {k::FC_HAS_DC_STEPS, B::Bool, gs.dc_steps},
