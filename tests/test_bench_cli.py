@@ -237,3 +237,14 @@ def test_mlx_mapping_reproduces_rnncore():
                 result(run()), expected if mode == "training" else {"y": expected["y"]}
             )
             assert max(errors.values()) < 1e-4, (kind, mode, errors)
+
+
+def test_layer_section():
+    """--layers times rnncore.torch beside torch.nn (and rnncore.mlx beside mlx.nn when MLX
+    is installed) and the modules' overhead over the raw operations."""
+    code, stdout = run_bench(["-m", "rnncore", "bench"], "--layers", "--quick")
+    assert code == 0, stdout
+    assert re.search(
+        r"bidirectional LSTM .* rnncore\.torch\s+[0-9.]+ ms\s+[0-9.]+ vs torch\.nn", stdout
+    )
+    assert re.search(r"raw operations\s+[0-9.]+ ms\s+[0-9.]+ overhead of the module", stdout)

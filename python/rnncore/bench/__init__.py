@@ -136,6 +136,13 @@ def add_arguments(parser):
     parser.add_argument(
         "--rounds", type=int, help="--loaded: alternating rounds (default 7; 3 with --quick)"
     )
+    parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="the layer section: a training step of 2-layer LSTM and GRU layers through "
+        "rnncore.torch / rnncore.mlx beside torch.nn / mlx.nn, and the modules' overhead over "
+        "the raw operations",
+    )
     # Internal: one worker process (one thread count, or the loaded run) writing JSON.
     parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-loaded", action="store_true", help=argparse.SUPPRESS)
@@ -657,6 +664,13 @@ def run(args):
     }
     if args.loaded:
         return finish_loaded(args, results, started)
+    if args.layers:
+        from . import layers
+
+        allowed = allowed_other_cpu(usable_cpus())
+        rows = layers.run_layers(args.quick, measure, TIMING[timing_name], allowed)
+        print(layers.table(rows))
+        return 0
 
     configs = configs_of(args, device)
     if args.threads:
