@@ -237,3 +237,17 @@ def test_from_onnx_peephole_and_node_choice(tmp_path):
     assert isinstance(rn.from_onnx(str(path)), rn.LSTM)
     with pytest.raises(ValueError, match=r"node='other' must name one RNN, GRU or LSTM node"):
         rn.from_onnx(model, node="other")
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
+def test_from_torch_state_dict(kind):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    module = getattr(torch.nn, kind)(4, 5, 2, bidirectional=True, dtype=torch.float64)
+    layer = rn.from_torch(module.state_dict(), kind.lower())
+    assert (layer.num_layers, layer.bidirectional, layer.batch_first) == (2, True, False)
+    x = torch.randn(6, 3, 4, dtype=torch.float64)
+    got = layer(x.numpy())
+    assert rel_err(got[0] if kind == "LSTM" else got, module(x)[0].detach().numpy()) < TOL64
+    with pytest.raises(ValueError, match=r"a state_dict needs kind='gru', 'lstm' or 'rnn'"):
+        rn.from_torch(module.state_dict())

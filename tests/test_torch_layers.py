@@ -15,6 +15,8 @@ PAIRS = {
 }
 # Measured against torch.nn: float64 ~1e-15, float32 ~2e-7 relative.
 TOL = {torch.float64: 1e-12, torch.float32: 3e-6}
+# Gradients (through the layers and every step): float32 measured up to ~3e-6.
+GRAD_TOL = {torch.float64: 1e-11, torch.float32: 1e-5}
 
 
 def pair(kind, *args, dtype=torch.float64, **kwargs):
@@ -78,7 +80,7 @@ def check(
     g_o = torch.autograd.grad(loss_of(out_o, st_o, weight), inputs + list(ours.parameters()))
     names = ["input", "h", "c"][: len(inputs)] + [n for n, _ in theirs.named_parameters()]
     for name, a, b in zip(names, g_o, g_t):
-        assert rel_err(a, b) < tol * 10, name
+        assert rel_err(a, b) < GRAD_TOL[dtype], name
 
 
 @pytest.mark.parametrize("kind", sorted(PAIRS))

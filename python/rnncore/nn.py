@@ -23,6 +23,8 @@ With several layers or directions the hidden state is ``[num_layers * D, N, H]``
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -505,35 +507,56 @@ def _set_direction(layer, index, direction, values):
     layer.update({base + suffix: v for base, v in values.items() if v is not None})
 
 
-def from_torch(module, **options):
+def from_torch(module, kind=None, *, nonlinearity="tanh", batch_first=False, **options):
     """An rnncore.nn layer with the options and weights of a ``torch.nn.GRU``, ``LSTM`` or
-    ``RNN`` (any num_layers, bidirectional, batch_first, bias, nonlinearity). The layer's
-    ``hidden`` is torch's ``h_0`` ([num_layers * D, N, H]; [N, H] with one layer and one
-    direction). `options` (device, dtype, ...) go to the layer."""
+    ``RNN`` (any num_layers, bidirectional, batch_first, bias, nonlinearity), or of such a
+    module's ``state_dict`` with its `kind` ("gru", "lstm" or "rnn"; the sizes, layers,
+    directions and biases are read from the tensors, `nonlinearity` and `batch_first` given
+    as for torch). The layer's ``hidden`` is torch's ``h_0`` ([num_layers * D, N, H]; [N, H]
+    with one layer and one direction). `options` (device, dtype, ...) go to the layer."""
     from . import convert
 
-    kind = convert.torch_kind(module)
-    if getattr(module, "proj_size", 0):
-        raise ValueError("[rnncore.nn.from_torch] proj_size > 0 has no rnncore counterpart")
-    dtype = options.pop("dtype", None) or _numpy_dtype(module.weight_ih_l0)
-    extra = {"nonlinearity": module.nonlinearity} if kind == "rnn" else {}
+    where = "[rnncore.nn.from_torch]"
+    if isinstance(module, Mapping):
+        state = module
+        if kind not in _CLASSES:
+            raise ValueError(
+                f"{where} a state_dict needs kind='gru', 'lstm' or 'rnn', not {kind!r}"
+            )
+        if "weight_ih_l0" not in state:
+            raise ValueError(f"{where} the state_dict has no weight_ih_l0: {sorted(state)[:4]}")
+        num_layers = sum(1 for k in state if re.fullmatch(r"weight_ih_l\d+", k))
+        bidirectional = "weight_ih_l0_reverse" in state
+        bias = "bias_ih_l0" in state
+        input_size = state["weight_ih_l0"].shape[1]
+        hidden_size = state["weight_hh_l0"].shape[1]
+    else:
+        kind = convert.torch_kind(module)
+        state = module.state_dict()
+        num_layers, bidirectional, bias = module.num_layers, module.bidirectional, module.bias
+        input_size, hidden_size = module.input_size, module.hidden_size
+        nonlinearity = getattr(module, "nonlinearity", nonlinearity)
+        batch_first = module.batch_first
+    if any(k.startswith("weight_hr") for k in state):
+        raise ValueError(f"{where} proj_size > 0 has no rnncore counterpart")
+    dtype = options.pop("dtype", None) or _numpy_dtype(state["weight_ih_l0"])
+    extra = {"nonlinearity": nonlinearity} if kind == "rnn" else {}
     layer = _CLASSES[kind](
-        module.input_size,
-        module.hidden_size,
-        module.bias,
-        num_layers=module.num_layers,
-        bidirectional=module.bidirectional,
-        batch_first=module.batch_first,
+        input_size,
+        hidden_size,
+        bias,
+        num_layers=num_layers,
+        bidirectional=bidirectional,
+        batch_first=batch_first,
         dtype=dtype,
         **extra,
         **options,
     )
-    state = module.state_dict()
-    for index in range(module.num_layers):
-        for d, p in enumerate(convert.torch_directions(state, index, module.bidirectional)):
+    for index in range(num_layers):
+        for d, p in enumerate(convert.torch_directions(state, index, bidirectional)):
             w = convert.weights_from_torch(kind, [p])
             values = dict(zip(layer._weights, (w["input_weight"], w["recurrent_weight"])))
-            if module.bias:
+            if bias:
                 values[layer._weights[2]] = w["bias"]
                 if kind == "gru":
                     values["bhn"] = w["secondary_bias"]
@@ -542,6 +565,7 @@ def from_torch(module, **options):
 
 
 def _numpy_dtype(tensor):
+    """numpy's dtype of a torch tensor or of an array."""
     return np.dtype(str(tensor.dtype).replace("torch.", ""))
 
 
