@@ -303,7 +303,11 @@ struct Fused {  // S: the scalar type
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const auto [x, y, z] = step_rows(p, a, s);
+    // Named copies, not a structured binding: C++17 lambdas cannot capture those (Clang).
+    const StepRows rows = step_rows(p, a, s);
+    const S* const x = rows.x;
+    S* const y = rows.y;
+    S* const z = rows.z;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
