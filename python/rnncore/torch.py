@@ -31,7 +31,9 @@ __all__ = ["GRU", "LSTM", "RNN"]
 
 
 def _numpy(t):
-    return None if t is None else t.detach().contiguous().numpy()
+    # A strided view, not torch.contiguous(): rnncore copies it on its own thread, where a torch
+    # copy would wake OpenMP threads that then spin beside rnncore's pool.
+    return None if t is None else t.detach().numpy()
 
 
 def _tensor(a):
