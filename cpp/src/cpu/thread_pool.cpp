@@ -82,7 +82,6 @@ namespace {
 constexpr uint32_t kOpen = 1u << 31;
 constexpr uint32_t kInside = 0xffffu;
 constexpr int kJoinedShift = 16;
-constexpr int64_t kLateJoinNs = 500000;
 
 int usable_cores() {
 #if defined(__linux__)
@@ -157,12 +156,10 @@ void ThreadPool::worker(uint32_t seen) {
       }
     }
     if (!slot) continue;
-    // A worker that got a core long after the job was published was queued behind other
-    // threads: the machine is oversubscribed. It leaves the job to the caller rather than
-    // risk being descheduled with a chunk in hand.
-    if (now_ns() - published_ns_.load(std::memory_order_relaxed) > kLateJoinNs) {
-      report_stall();
-    } else {
+    // A worker that gets a core late (another pool's threads spinning, or another process)
+    // still joins: jobs take late joiners, and the caller has worked meanwhile. Only a wait
+    // for a thread descheduled with a chunk in hand costs anything, and is reported.
+    {
       InJob in;
       job_->work(slot);  // jobs catch their own errors
     }
@@ -175,15 +172,27 @@ int64_t ThreadPool::stall_after_ns(int64_t mean_chunk_ns) {
   return std::max<int64_t>(250000, 16 * mean_chunk_ns);
 }
 
-void ThreadPool::report_stall() {
+void ThreadPool::report_stall(int64_t waited_ns) {
   const int64_t base = 50000000, cap = 1000000000;
   const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(stall_m_);
+  stalls_.fetch_add(1, std::memory_order_relaxed);
+  // Stalls are paid from a credit that multi-threaded work earns; a machine whose stalls
+  // cost more than the credit runs jobs alone for a while.
+  credit_ns_ -= waited_ns;
+  if (credit_ns_ >= 0) return;
+  credit_ns_ = 0;
   int64_t b = backoff_ns_.load(std::memory_order_relaxed);
-  // Stalls that recur soon after a back-off ended double it; one long after resets it.
+  // Back-offs that recur soon after the last one ended double; one long after resets it.
   const int64_t until = contended_until_.load(std::memory_order_relaxed);
   b = b == 0 || now - until > 2 * cap ? base : std::min(cap, 2 * b);
   backoff_ns_.store(b, std::memory_order_relaxed);
   contended_until_.store(now + b, std::memory_order_relaxed);
+}
+
+void ThreadPool::earn(int64_t worked_ns) {
+  std::lock_guard<std::mutex> lock(stall_m_);
+  credit_ns_ = std::min(kMaxCreditNs, credit_ns_ + worked_ns / kCreditShare);
 }
 
 int ThreadPool::available() const {
@@ -205,7 +214,7 @@ int ThreadPool::run(Job& job, int participants) {
   grow(n);
   job_ = &job;
   want_.store(n - 1, std::memory_order_relaxed);
-  published_ns_.store(now_ns(), std::memory_order_relaxed);
+  const int64_t stalls = stalls_.load(std::memory_order_relaxed);
   ticket_.value.store(kOpen, std::memory_order_release);
   generation_.bump();
   std::exception_ptr error;
@@ -228,7 +237,10 @@ int ThreadPool::run(Job& job, int participants) {
   // descheduled inside its last chunk), or for over half as long (it runs at a fraction
   // of a core: on a quiet machine the shares end together).
   const int64_t waited = now_ns() - work_end, worked = work_end - work_start;
-  if (waited > stall_after_ns(worked) || (waited > 250000 && 2 * waited > worked)) report_stall();
+  if (waited > stall_after_ns(worked) || (waited > 250000 && 2 * waited > worked))
+    report_stall(waited);
+  else if (stalls_.load(std::memory_order_relaxed) == stalls)
+    earn(worked + waited);
   job_ = nullptr;
   busy_.store(false, std::memory_order_release);
   if (error) std::rethrow_exception(error);

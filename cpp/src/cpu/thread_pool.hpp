@@ -103,11 +103,13 @@ class ThreadPool {
 
   // Contention. A thread that waited for a chunk another thread claimed much longer than
   // chunks take (that thread was descheduled: the machine has more runnable threads than
-  // cores), or a worker that got a core long after a job was published, reports a stall; jobs then
-  // run on their callers alone for a while (50 ms, doubling while stalls recur, up to 1 s), so that
-  // no call keeps waiting for threads the OS does not run. Quiet machines never stall, and the bits
-  // never depend on this.
-  void report_stall();
+  // cores) reports the time it waited. Multi-threaded jobs that end without a stall earn a
+  // credit (a quarter of their time, at most 20 ms) that pays for stalls; once stalls cost
+  // more than it, jobs run on their callers alone for a while (50 ms, doubling while this
+  // recurs, up to 1 s), so that no call keeps waiting for threads the OS does not run. A
+  // brief stall beside another pool's spinning threads costs little and keeps the threads;
+  // a competing process soon exhausts the credit. The bits never depend on this.
+  void report_stall(int64_t waited_ns);
   bool contended() const;
   // The longest wait for others that is not a stall, given the mean duration of a chunk.
   static int64_t stall_after_ns(int64_t mean_chunk_ns);
@@ -136,7 +138,11 @@ class ThreadPool {
   std::atomic<int> want_{0};
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> contended_until_{0}, backoff_ns_{0};
-  std::atomic<int64_t> published_ns_{0};  // when the open job was published
+  void earn(int64_t worked_ns);
+  static constexpr int64_t kMaxCreditNs = 20000000, kCreditShare = 4;
+  std::mutex stall_m_;
+  std::atomic<int64_t> stalls_{0};
+  int64_t credit_ns_ = kMaxCreditNs;  // guarded by stall_m_
 };
 
 // Stages run in order, each split into the same `chunks` chunks, and a stage starts only
@@ -228,7 +234,7 @@ class StagedJob final : public Job {
     // at a fraction of a core).
     if ((dt > ThreadPool::stall_after_ns(mean) || ThreadPool::starved(own.wait_ns, own.ns)) &&
         !solo_.exchange(true, std::memory_order_relaxed))
-      ThreadPool::instance().report_stall();
+      ThreadPool::instance().report_stall(dt);
   }
 
   bool claim(int64_t s, int home, int64_t* chunk) {
