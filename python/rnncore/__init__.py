@@ -81,6 +81,7 @@ def single_gate_rnn(
     init_state: Optional[ArrayLike] = None,
     mask: Optional[ArrayLike] = None,
     *,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: Optional[RNNDescriptor] = None,
     device: Optional[str] = None,
 ) -> RNNResult:
@@ -104,6 +105,7 @@ def lstm(
     mask: Optional[ArrayLike] = None,
     peephole: Optional[ArrayLike] = None,
     *,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: Optional[LSTMDescriptor] = None,
     device: Optional[str] = None,
 ) -> LSTMResult:
@@ -126,6 +128,7 @@ def gru(
     mask: Optional[ArrayLike] = None,
     secondary_bias: Optional[ArrayLike] = None,
     *,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: Optional[GRUDescriptor] = None,
     device: Optional[str] = None,
 ) -> GRUResult:
@@ -150,6 +153,7 @@ def single_gate_rnn_gradients(
     bias: Optional[ArrayLike] = None,
     init_state: Optional[ArrayLike] = None,
     mask: Optional[ArrayLike] = None,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: RNNDescriptor,
     device: Optional[str] = None,
 ) -> RNNGradients:
@@ -179,6 +183,7 @@ def lstm_gradients(
     init_cell: Optional[ArrayLike] = None,
     mask: Optional[ArrayLike] = None,
     peephole: Optional[ArrayLike] = None,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: LSTMDescriptor,
     device: Optional[str] = None,
 ) -> LSTMGradients:
@@ -204,6 +209,7 @@ def gru_gradients(
     init_state: Optional[ArrayLike] = None,
     mask: Optional[ArrayLike] = None,
     secondary_bias: Optional[ArrayLike] = None,
+    sequence_lengths: Optional[ArrayLike] = None,
     descriptor: GRUDescriptor,
     device: Optional[str] = None,
 ) -> GRUGradients:

@@ -9,6 +9,8 @@
 
 #include <array>
 #include <cctype>
+#include <climits>
+#include <cstdint>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -136,6 +138,34 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
   Array a;
   if (!nb::try_cast<Array>(h, a, true)) refuse_array(where, h);
   return a;
+}
+
+// sequence_lengths: any one-dimensional array of integers (numpy, a list, a CPU tensor), as
+// int64; its size and values are the op's to check against N and T.
+std::optional<std::vector<int64_t>> lengths_arg(const char* op, nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  const std::string where = std::string("[") + op + "] sequence_lengths";
+  nb::module_ np = nb::module_::import_("numpy");
+  nb::object arr;
+  try {
+    arr = np.attr("asarray")(h);
+  } catch (const nb::python_error&) {
+    throw TypeError(where + " must be an array of integers but got " + type_name_of(h));
+  }
+  const std::string kind = text(arr.attr("dtype").attr("kind"));
+  if (kind != "i" && kind != "u")
+    throw TypeError(where + " must hold integers but has dtype " + text(arr.attr("dtype")) +
+                    " (from " + type_name_of(h) + ")");
+  if (nb::cast<int64_t>(arr.attr("ndim")) != 1)
+    throw ValueError(where + " must have shape (N,) but has shape " + text(arr.attr("shape")));
+  // uint64 values above int64's range would wrap: refuse them as too long.
+  if (kind == "u" && nb::cast<int64_t>(arr.attr("size")) > 0 &&
+      nb::int_(arr.attr("max")()) > nb::int_(INT64_MAX))
+    throw ValueError(where + " holds " + text(arr.attr("max")()) + ", above any T");
+  nb::object i64 = np.attr("ascontiguousarray")(arr, "dtype"_a = "int64");
+  const auto v =
+      nb::cast<nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(i64);
+  return std::vector<int64_t>(v.data(), v.data() + v.shape(0));
 }
 
 // "'cpu', 'metal' and 'metal-emulated'": every name parse_device knows, found by walking
@@ -525,8 +555,10 @@ void def_op(nb::module_& m, std::index_sequence<I...>) {
   };
   auto annotations = std::tuple_cat(
       arg_annotation<Op, I>()..., kw(),
-      std::make_tuple("descriptor"_a.none() = nb::none(), "device"_a.none() = nb::none()));
-  auto fn = [](Handle<I>... arrays, nb::handle descriptor, nb::handle device) {
+      std::make_tuple("sequence_lengths"_a.none() = nb::none(), "descriptor"_a.none() = nb::none(),
+                      "device"_a.none() = nb::none()));
+  auto fn = [](Handle<I>... arrays, nb::handle sequence_lengths, nb::handle descriptor,
+               nb::handle device) {
     using S = Signature<std::remove_const_t<decltype(Op::run)>>;
     const nb::handle handles[] = {arrays...};
     const CallArrays a(Op::name, args.data(), handles, args.size());
@@ -535,6 +567,7 @@ void def_op(nb::module_& m, std::index_sequence<I...>) {
     const Device dev = device_arg(Op::name, device);
     typename Op::In in;
     fill_inputs<Op>(a, in);
+    in.sequence_lengths = lengths_arg(Op::name, sequence_lengths);
     typename S::Result res;
     {
       nb::gil_scoped_release release;

@@ -2,7 +2,9 @@
 // Inputs are read in place (C-contiguous); all array inputs of one call share a dtype.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "rnncore/descriptors.hpp"
 #include "rnncore/device.hpp"
@@ -17,6 +19,8 @@ struct RNNInputs {
   std::optional<TensorView> bias;          // [D*H]
   std::optional<TensorView> init_state;    // [N, D*H]
   std::optional<TensorView> mask;          // broadcastable to [N, D*H]
+  // [N]: row n runs for its first sequence_lengths[n] steps (contract: "Sequence lengths").
+  std::optional<std::vector<int64_t>> sequence_lengths;
 };
 
 struct RNNResults {
@@ -33,6 +37,8 @@ struct LSTMInputs {
   std::optional<TensorView> init_cell;     // [N, D*H]
   std::optional<TensorView> mask;          // broadcastable to [N, D*H]
   std::optional<TensorView> peephole;      // [4H], or [2, 4H]
+  // [N]: row n runs for its first sequence_lengths[n] steps (contract: "Sequence lengths").
+  std::optional<std::vector<int64_t>> sequence_lengths;
 };
 
 struct LSTMResults {
@@ -49,6 +55,8 @@ struct GRUInputs {
   std::optional<TensorView> init_state;      // [N, D*H]
   std::optional<TensorView> mask;            // broadcastable to [N, D*H]
   std::optional<TensorView> secondary_bias;  // [D*H]; used when reset_after
+  // [N]: row n runs for its first sequence_lengths[n] steps (contract: "Sequence lengths").
+  std::optional<std::vector<int64_t>> sequence_lengths;
 };
 
 struct GRUResults {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/lengths.hpp"
 #include "core/validate.hpp"
 
 namespace rnncore::detail {
@@ -153,6 +154,15 @@ struct Call {
 
 bool empty_problem(const Problem& p) { return p.T == 0 || p.N == 0 || p.H == 0; }
 
+// The lengths when some row is shorter than T; every row at full length is the op without
+// lengths, bit for bit.
+const int64_t* short_rows(const Problem& p, const std::optional<std::vector<int64_t>>& lengths) {
+  if (!lengths) return nullptr;
+  for (int64_t L : *lengths)
+    if (L != p.T) return lengths->data();
+  return nullptr;
+}
+
 // A backend's zero-size array may come without memory, and null is no memset/memcpy argument.
 void fill_zeros(Tensor& t) {
   if (t.nbytes() > 0) std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
@@ -183,7 +193,10 @@ Outputs run_forward(const In& given, const Desc& desc, Device device) {
   a.state = out.state.data();
   a.cell = out.cell ? out.cell->data() : nullptr;
   a.z_state = out.z_state ? out.z_state->data() : nullptr;
-  be.forward(p, a);
+  if (const int64_t* lengths = short_rows(p, call.in.sequence_lengths))
+    forward_with_lengths(be, p, a, lengths);
+  else
+    be.forward(p, a);
   return out;
 }
 
@@ -231,7 +244,10 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     fill_zeros(*g.secondary_bias);
     a.db2 = nullptr;
   }
-  be.backward(p, a);
+  if (const int64_t* lengths = short_rows(p, call.in.sequence_lengths))
+    backward_with_lengths(be, p, a, lengths);
+  else
+    be.backward(p, a);
   return g;
 }
 

@@ -152,6 +152,17 @@ void validate_common(Checker& c, Problem& p, const In& in, bool bidirectional) {
       c.value_error("mask must broadcast to (N, D*H) = " + want + " but has shape " +
                     shape_to_string(m.shape));
   }
+  if (in.sequence_lengths) {
+    const auto& L = *in.sequence_lengths;
+    if (static_cast<int64_t>(L.size()) != p.N)
+      c.value_error("sequence_lengths must have shape (N,) = (" + std::to_string(p.N) +
+                    ",) but has shape (" + std::to_string(L.size()) + ",)");
+    for (size_t n = 0; n < L.size(); ++n)
+      if (L[n] < 0 || L[n] > p.T)
+        c.value_error("sequence_lengths[" + std::to_string(n) + "] = " + std::to_string(L[n]) +
+                      (L[n] < 0 ? " is negative" : " is above T = " + std::to_string(p.T)) +
+                      "; each length must lie in [0, T] = [0, " + std::to_string(p.T) + "]");
+  }
   p.dtype = c.dtype_value();
   // The largest arrays of a call (outputs, training state, projected input, weights and
   // their gradients); each must have an element count that byte arithmetic can hold.

@@ -1,0 +1,503 @@
+#include "core/lengths.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "cpu/activations.hpp"
+#include "metal/emulator/half.hpp"
+
+namespace rnncore::detail {
+namespace {
+
+// A stored element and the type it is computed in (float16 in float, as the kernels do).
+template <class S>
+struct Elem {
+  using C = S;
+  static C get(S v) { return v; }
+  static S put(C v) { return v; }
+};
+template <>
+struct Elem<uint16_t> {
+  using C = float;
+  static C get(uint16_t v) { return metal::emu::half_bits_to_float(v); }
+  static uint16_t put(C v) { return metal::emu::float_to_half_bits(v); }
+};
+
+// Which rows run when. Rows sorted by length, longest first (ties in row order); segment j
+// covers processing steps [bounds[j], bounds[j+1]) over the rows longer than bounds[j].
+// Rows that end inside a segment run on to its end on zero input; their extra steps are
+// neither placed in the outputs nor given a gradient (so they add exact zeros).
+struct Schedule {
+  std::vector<int64_t> order, len;
+  std::vector<int64_t> bounds;
+  int64_t active(int64_t step) const {  // rows longer than `step`
+    return std::lower_bound(len.begin(), len.end(), step, std::greater<int64_t>()) - len.begin();
+  }
+  int64_t segments() const { return static_cast<int64_t>(bounds.size()) - 1; }
+};
+
+// call_cost: what one backend call costs beyond its rows' steps, in row-steps. The
+// boundaries minimise rows × steps + call_cost × calls over the distinct lengths (dynamic
+// programming; the candidates thinned to 512 for very many distinct lengths).
+Schedule schedule(const int64_t* lengths, int64_t N, double call_cost) {
+  Schedule s;
+  s.order.resize(static_cast<size_t>(N));
+  std::iota(s.order.begin(), s.order.end(), int64_t{0});
+  std::stable_sort(s.order.begin(), s.order.end(),
+                   [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  for (int64_t r : s.order) s.len.push_back(lengths[r]);
+  std::vector<int64_t> cand = {0};
+  for (auto it = s.len.rbegin(); it != s.len.rend(); ++it)
+    if (*it > cand.back()) cand.push_back(*it);
+  if (cand.size() == 1) return s;  // every row is empty
+  if (cand.size() > 513) {
+    std::vector<int64_t> thin = {0};
+    const size_t m = cand.size() - 1;
+    for (size_t k = 1; k <= 512; ++k) thin.push_back(cand[(k * m + 511) / 512]);
+    thin.erase(std::unique(thin.begin(), thin.end()), thin.end());
+    cand = thin;
+  }
+  const size_t m = cand.size();
+  std::vector<double> best(m, 0.0);
+  std::vector<size_t> from(m, 0);
+  for (size_t b = 1; b < m; ++b) {
+    best[b] = -1;
+    for (size_t a = 0; a < b; ++a) {
+      const double c =
+          best[a] +
+          static_cast<double>(s.active(cand[a])) * static_cast<double>(cand[b] - cand[a]) +
+          call_cost;
+      if (best[b] < 0 || c < best[b]) best[b] = c, from[b] = a;
+    }
+  }
+  for (size_t b = m - 1;; b = from[b]) {
+    s.bounds.push_back(cand[b]);
+    if (b == 0) break;
+  }
+  std::reverse(s.bounds.begin(), s.bounds.end());
+  return s;
+}
+
+// One backend call's fixed cost in row-steps (a row-step: one row's recurrent and input
+// products, G·H·(H + I) multiply-adds): dispatch, the thread pool, per-call packing, and
+// for gradients the weight gradients written and summed once per call.
+double call_cost(const Problem& p, bool gradients) {
+  const double row_step = static_cast<double>(p.gh()) * static_cast<double>(p.H + p.I);
+  const double fixed = gradients ? 2.0e6 : 1.0e6;
+  return (fixed + (gradients ? 4.0 * row_step : row_step)) / row_step;
+}
+
+// The layout of one direction of p: where its columns sit in the caller's arrays and where a
+// processing step of a row goes in input and output time.
+struct Direction {
+  const Problem& p;
+  int64_t d;
+  bool reverse;   // processes its rows' inputs from their last step back
+  bool aligned;   // the backward half of a bidirectional op: outputs in input time
+  int64_t I_sub;  // source columns this direction reads
+  int64_t src_col;
+
+  Direction(const Problem& p_, int64_t d_)
+      : p(p_),
+        d(d_),
+        reverse(p_.D == 2 ? d_ == 1 : p_.reverse),
+        aligned(p_.D == 2 && d_ == 1),
+        I_sub(p_.has_input_weight ? p_.I : p_.gh()),
+        src_col(p_.has_input_weight ? 0 : d_ * p_.gh()) {}
+
+  int64_t input_time(int64_t step, int64_t len) const { return reverse ? len - 1 - step : step; }
+  int64_t output_time(int64_t step, int64_t len) const { return aligned ? len - 1 - step : step; }
+
+  // The one-direction, forward-order problem of a segment.
+  Problem segment(int64_t T, int64_t N) const {
+    Problem q = p;
+    q.T = T;
+    q.N = N;
+    q.D = 1;
+    q.I = I_sub;
+    q.reverse = false;
+    q.gru.bidirectional = false;
+    q.gru.reverse = false;
+    if (q.op == OpKind::Lstm) q.produce_cell = true;  // the next segment starts from its cell
+    return q;
+  }
+
+  // This direction's weights (every per-direction block is contiguous).
+  template <class S>
+  ForwardArrays weights(const ForwardArrays& a) const {
+    const int64_t GH = p.gh(), H = p.H;
+    ForwardArrays b;
+    auto at = [](const void* base, int64_t off) -> const void* {
+      return base ? static_cast<const S*>(base) + off : nullptr;
+    };
+    b.input_weight = at(a.input_weight, d * GH * p.I);
+    b.recurrent_weight = at(a.recurrent_weight, d * GH * H);
+    b.bias = at(a.bias, d * GH);
+    b.peephole = at(a.peephole, d * 4 * H);
+    b.secondary_bias = at(a.secondary_bias, d * H);
+    return b;
+  }
+};
+
+template <class S>
+S* data(Tensor& t) {
+  return static_cast<S*>(t.data());
+}
+
+// A [steps, rows, width] block of `src` ([T, N, row] with this direction's `width` columns at
+// `col`), in processing order for the segment's sorted rows; zeros past each row's length.
+template <class S>
+Tensor gather(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
+              const void* src, int64_t row, int64_t col, int64_t width, bool input_time) {
+  Tensor t = Tensor::empty({steps, rows, width}, dir.p.dtype);
+  S* out = data<S>(t);
+  const S* in = static_cast<const S*>(src);
+  for (int64_t k = 0; k < steps; ++k)
+    for (int64_t i = 0; i < rows; ++i) {
+      S* o = out + (k * rows + i) * width;
+      const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
+      if (step >= len) {
+        std::memset(o, 0, static_cast<size_t>(width) * sizeof(S));
+        continue;
+      }
+      const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
+      std::memcpy(o, in + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col,
+                  static_cast<size_t>(width) * sizeof(S));
+    }
+  return t;
+}
+
+// The inverse: a segment's [steps, rows, width] output placed into `dst`, or added to it.
+template <class S>
+void scatter(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
+             const Tensor& seg, void* dst, int64_t row, int64_t col, int64_t width, bool input_time,
+             bool add) {
+  using E = Elem<S>;
+  const S* in = static_cast<const S*>(seg.data());
+  S* out = static_cast<S*>(dst);
+  for (int64_t k = 0; k < steps; ++k)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
+      if (step >= len) continue;
+      const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
+      S* o = out + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col;
+      const S* v = in + (k * rows + i) * width;
+      if (!add) {
+        std::memcpy(o, v, static_cast<size_t>(width) * sizeof(S));
+      } else {
+        for (int64_t h = 0; h < width; ++h) o[h] = E::put(E::get(o[h]) + E::get(v[h]));
+      }
+    }
+}
+
+// [rows, H]: this direction's columns of an [N, D*H] array for the sorted rows.
+template <class S>
+Tensor rows_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows, const void* src) {
+  Tensor t = Tensor::empty({rows, p.H}, p.dtype);
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(data<S>(t) + i * p.H,
+                static_cast<const S*>(src) + s.order[static_cast<size_t>(i)] * p.dh() + d * p.H,
+                static_cast<size_t>(p.H) * sizeof(S));
+  return t;
+}
+
+// The mask of this direction for the sorted rows, [rows, H] (a prefix serves every segment).
+template <class S>
+Tensor mask_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows,
+               const ForwardArrays& a) {
+  Tensor t = Tensor::empty({rows, p.H}, p.dtype);
+  const S* m = static_cast<const S*>(a.mask);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t h = 0; h < p.H; ++h)
+      data<S>(t)[i * p.H + h] =
+          m[(a.mask_rows == 1 ? 0 : s.order[static_cast<size_t>(i)]) * a.mask_cols +
+            (a.mask_cols == 1 ? 0 : d * p.H + h)];
+  return t;
+}
+
+// A prefix of `rows` rows of the last step of a [steps, n, H] segment output.
+template <class S>
+const S* last_step(const Tensor& t) {
+  return static_cast<const S*>(t.data()) + (t.shape()[0] - 1) * t.shape()[1] * t.shape()[2];
+}
+
+template <class S>
+void forward_direction(Backend& be, const Problem& p, const ForwardArrays& a, const Schedule& s,
+                       int64_t d) {
+  const Direction dir(p, d);
+  const int64_t H = p.H, ZH = p.ZG * H;
+  ForwardArrays b = dir.weights<S>(a);
+  Tensor mask, h0, c0, prev_state, prev_cell;
+  const int64_t n0 = s.active(0);
+  if (a.mask) mask = mask_of<S>(s, p, d, n0, a);
+  if (a.init_state) h0 = rows_of<S>(s, p, d, n0, a.init_state);
+  if (a.init_cell) c0 = rows_of<S>(s, p, d, n0, a.init_cell);
+  for (int64_t j = 0; j < s.segments(); ++j) {
+    const int64_t s0 = s.bounds[static_cast<size_t>(j)];
+    const int64_t steps = s.bounds[static_cast<size_t>(j) + 1] - s0, rows = s.active(s0);
+    Problem q = dir.segment(steps, rows);
+    const Tensor src =
+        gather<S>(s, dir, s0, steps, rows, a.source, p.I, dir.src_col, dir.I_sub, true);
+    b.source = src.data();
+    q.has_init_state = j > 0 || a.init_state;
+    b.init_state = j > 0 ? last_step<S>(prev_state) : (a.init_state ? h0.data() : nullptr);
+    if (p.op == OpKind::Lstm) {
+      q.has_init_cell = j > 0 || a.init_cell;
+      b.init_cell = j > 0 ? last_step<S>(prev_cell) : (a.init_cell ? c0.data() : nullptr);
+    }
+    if (a.mask) b.mask = mask.data(), b.mask_rows = rows, b.mask_cols = H;
+    Tensor state = be.allocate({steps, rows, H}, p.dtype), cell, z;
+    if (q.produce_cell) cell = be.allocate({steps, rows, H}, p.dtype);
+    if (p.training) z = be.allocate({steps, rows, ZH}, p.dtype);
+    b.state = state.data();
+    b.cell = q.produce_cell ? cell.data() : nullptr;
+    b.z_state = p.training ? z.data() : nullptr;
+    be.forward(q, b);
+    scatter<S>(s, dir, s0, steps, rows, state, a.state, p.dh(), d * H, H, false, false);
+    if (a.cell) scatter<S>(s, dir, s0, steps, rows, cell, a.cell, p.dh(), d * H, H, false, false);
+    if (a.z_state)
+      scatter<S>(s, dir, s0, steps, rows, z, a.z_state, p.D * ZH, d * ZH, ZH, false, false);
+    prev_state = std::move(state);
+    prev_cell = std::move(cell);
+  }
+}
+
+// h at processing step `step` of the sorted rows [0, rows) (each longer than step), from
+// what a gradient call is given: the GRU's forward output, or recomputed from the training
+// state (RNN: h = σ(z); LSTM: h = σ_o(a_o) ⊙ φ(c)) as the forward computed it.
+template <class S>
+Tensor state_at(const Schedule& s, const Direction& dir, const BackwardArrays& a, int64_t step,
+                int64_t rows) {
+  using E = Elem<S>;
+  using C = typename E::C;
+  const Problem& p = dir.p;
+  const int64_t H = p.H, ZH = p.ZG * H;
+  Tensor t = Tensor::empty({rows, H}, p.dtype);
+  std::vector<C> u(static_cast<size_t>(H)), v(static_cast<size_t>(H));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t len = s.len[static_cast<size_t>(i)];
+    const int64_t at = dir.output_time(step, len) * p.N + s.order[static_cast<size_t>(i)];
+    S* out = data<S>(t) + i * H;
+    if (p.op == OpKind::Gru) {
+      std::memcpy(out, static_cast<const S*>(a.h_fwd) + at * p.dh() + dir.d * H,
+                  static_cast<size_t>(H) * sizeof(S));
+      continue;
+    }
+    const S* z = static_cast<const S*>(a.z_state) + at * p.D * ZH + dir.d * ZH;
+    if (p.op == OpKind::Rnn) {
+      for (int64_t h = 0; h < H; ++h) u[static_cast<size_t>(h)] = E::get(z[h]);
+      cpu::activate<C>(p.gate_act[0], u.data(), u.data(), H);
+    } else {
+      const S* c = static_cast<const S*>(a.c_fwd) + at * p.dh() + dir.d * H;
+      for (int64_t h = 0; h < H; ++h) {
+        u[static_cast<size_t>(h)] = E::get(z[p.lstm_o * H + h]);
+        v[static_cast<size_t>(h)] = E::get(c[h]);
+      }
+      cpu::activate<C>(p.gate_act[static_cast<size_t>(p.lstm_o)], u.data(), u.data(), H);
+      cpu::activate<C>(p.cell_act, v.data(), v.data(), H);
+      for (int64_t h = 0; h < H; ++h) u[static_cast<size_t>(h)] *= v[static_cast<size_t>(h)];
+    }
+    for (int64_t h = 0; h < H; ++h) out[h] = E::put(u[static_cast<size_t>(h)]);
+  }
+  return t;
+}
+
+// Adds g[i] ([rows, H]) into the step of each sorted row i given by step_of(i) (skipped
+// when negative) of a [steps, rows, H] segment array.
+template <class S, class StepOf>
+void add_at(Tensor& seg, int64_t rows, const S* g, int64_t g_row, StepOf step_of) {
+  using E = Elem<S>;
+  const int64_t H = seg.shape()[2];
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t k = step_of(i);
+    if (k < 0) continue;
+    S* o = data<S>(seg) + (k * rows + i) * H;
+    const S* v = g + i * g_row;
+    for (int64_t h = 0; h < H; ++h) o[h] = E::put(E::get(o[h]) + E::get(v[h]));
+  }
+}
+
+template <class S>
+struct Sum {  // one weight gradient summed over the segments, written once
+  std::vector<typename Elem<S>::C> acc;
+  void add(const Tensor& t) {
+    const S* v = static_cast<const S*>(t.data());
+    if (acc.empty()) acc.assign(static_cast<size_t>(t.numel()), 0);
+    for (size_t k = 0; k < acc.size(); ++k) acc[k] += Elem<S>::get(v[k]);
+  }
+  void write(void* dst, int64_t offset, int64_t n) const {
+    S* o = static_cast<S*>(dst) + offset;
+    for (int64_t k = 0; k < n; ++k)
+      o[k] = acc.empty() ? Elem<S>::put(0) : Elem<S>::put(acc[static_cast<size_t>(k)]);
+  }
+};
+
+template <class S>
+void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, const Schedule& s,
+                        int64_t d) {
+  const Direction dir(p, d);
+  const int64_t H = p.H, GH = p.gh(), ZH = p.ZG * H, DH = p.dh(), N = p.N;
+  const int64_t n0 = s.active(0), m = s.segments();
+  BackwardArrays b;
+  b.fwd = dir.weights<S>(a.fwd);
+  Tensor mask;
+  if (a.fwd.mask) mask = mask_of<S>(s, p, d, n0, a.fwd);
+  const S* dh_final = a.dh_final ? static_cast<const S*>(a.dh_final) + d * H : nullptr;
+  const S* dc_final = a.dc_final ? static_cast<const S*>(a.dc_final) + d * H : nullptr;
+  // dh_final / dc_final rows of the sorted rows, [n0, H] (row stride DH in the caller's).
+  std::vector<S> dhf, dcf;
+  auto sorted = [&](const S* src, std::vector<S>& out) {
+    out.resize(static_cast<size_t>(n0 * H));
+    for (int64_t i = 0; i < n0; ++i)
+      std::memcpy(out.data() + i * H, src + s.order[static_cast<size_t>(i)] * DH,
+                  static_cast<size_t>(H) * sizeof(S));
+  };
+  if (dh_final) sorted(dh_final, dhf);
+  if (dc_final) sorted(dc_final, dcf);
+  Sum<S> dR, dW, dbias, dP, db2;
+  Tensor dh_in, dc_in;  // the gradients into the initial state of the segment after
+  const bool lstm = p.op == OpKind::Lstm;
+  for (int64_t j = m - 1; j >= 0; --j) {
+    const int64_t s0 = s.bounds[static_cast<size_t>(j)];
+    const int64_t s1 = s.bounds[static_cast<size_t>(j) + 1], steps = s1 - s0;
+    const int64_t rows = s.active(s0), next_rows = j + 1 < m ? s.active(s1) : 0;
+    Problem q = dir.segment(steps, rows);
+    const Tensor src =
+        gather<S>(s, dir, s0, steps, rows, a.fwd.source, p.I, dir.src_col, dir.I_sub, true);
+    const Tensor z = gather<S>(s, dir, s0, steps, rows, a.z_state, p.D * ZH, d * ZH, ZH, false);
+    Tensor dy = gather<S>(s, dir, s0, steps, rows, a.dy, DH, d * H, H, false);
+    Tensor fwd_out;  // GRU h / LSTM c
+    if (p.op == OpKind::Gru)
+      fwd_out = gather<S>(s, dir, s0, steps, rows, a.h_fwd, DH, d * H, H, false);
+    if (lstm) fwd_out = gather<S>(s, dir, s0, steps, rows, a.c_fwd, DH, d * H, H, false);
+    // The final-state gradients at each row's last step; the next segment's initial-state
+    // gradients at this one's last step.
+    auto last_here = [&](int64_t i) {
+      const int64_t len = s.len[static_cast<size_t>(i)];
+      return len <= s1 ? len - 1 - s0 : -1;
+    };
+    if (dh_final) add_at<S>(dy, rows, dhf.data(), H, last_here);
+    if (next_rows)
+      add_at<S>(dy, next_rows, static_cast<const S*>(dh_in.data()), H,
+                [&](int64_t) { return steps - 1; });
+    Tensor dc;
+    if (lstm) {
+      // The per-step cell-gradient form carries all three.
+      dc = a.dc_steps ? gather<S>(s, dir, s0, steps, rows, a.dc_steps, DH, d * H, H, false)
+                      : Tensor::zeros({steps, rows, H}, p.dtype);
+      if (dc_final) add_at<S>(dc, rows, dcf.data(), H, last_here);
+      if (next_rows)
+        add_at<S>(dc, next_rows, static_cast<const S*>(dc_in.data()), H,
+                  [&](int64_t) { return steps - 1; });
+    }
+    Tensor h0, c0;
+    if (j > 0) {
+      h0 = state_at<S>(s, dir, a, s0 - 1, rows);
+      if (lstm) c0 = gather<S>(s, dir, s0 - 1, 1, rows, a.c_fwd, DH, d * H, H, false);
+    } else {
+      if (a.fwd.init_state) h0 = rows_of<S>(s, p, d, rows, a.fwd.init_state);
+      if (a.fwd.init_cell) c0 = rows_of<S>(s, p, d, rows, a.fwd.init_cell);
+    }
+    q.has_init_state = h0.data() != nullptr;
+    q.has_init_cell = c0.data() != nullptr;
+    b.fwd.source = src.data();
+    b.fwd.init_state = h0.data();
+    b.fwd.init_cell = c0.data();
+    if (a.fwd.mask) b.fwd.mask = mask.data(), b.fwd.mask_rows = rows, b.fwd.mask_cols = H;
+    b.z_state = z.data();
+    b.h_fwd = p.op == OpKind::Gru ? fwd_out.data() : nullptr;
+    b.c_fwd = lstm ? fwd_out.data() : nullptr;
+    b.dy = dy.data();
+    b.dc_steps = lstm ? dc.data() : nullptr;
+    auto out = [&](bool wanted, const Shape& shape) {
+      return wanted ? be.allocate(shape, p.dtype) : Tensor();
+    };
+    Tensor g_src = out(true, {steps, rows, dir.I_sub}), g_R = out(true, {GH, H});
+    Tensor g_W = out(a.dW != nullptr, {GH, p.I}), g_b = out(a.dbias != nullptr, {GH});
+    Tensor g_P = out(a.dP != nullptr, {4 * H}), g_b2 = out(a.db2 != nullptr, {H});
+    Tensor g_h0 = out(q.has_init_state, {rows, H});
+    Tensor g_c0 = out(lstm && q.has_init_cell, {rows, H});
+    b.dsource = g_src.data();
+    b.dR = g_R.data();
+    b.dW = g_W.data();
+    b.dbias = g_b.data();
+    b.dP = g_P.data();
+    b.db2 = g_b2.data();
+    b.dh0 = g_h0.data();
+    b.dc0 = g_c0.data();
+    be.backward(q, b);
+    scatter<S>(s, dir, s0, steps, rows, g_src, a.dsource, p.I, dir.src_col, dir.I_sub, true, true);
+    dR.add(g_R);
+    if (a.dW) dW.add(g_W);
+    if (a.dbias) dbias.add(g_b);
+    if (a.dP) dP.add(g_P);
+    if (a.db2) db2.add(g_b2);
+    dh_in = std::move(g_h0);
+    dc_in = std::move(g_c0);
+  }
+  dR.write(a.dR, d * GH * H, GH * H);
+  if (a.dW) dW.write(a.dW, d * GH * p.I, GH * p.I);
+  if (a.dbias) dbias.write(a.dbias, d * GH, GH);
+  if (a.dP) dP.write(a.dP, d * 4 * H, 4 * H);
+  if (a.db2) db2.write(a.db2, d * H, H);
+  // Initial-state gradients: the first segment's for the rows that ran; an empty row's state
+  // passes through, so its gradient is the final-state gradient.
+  auto initial = [&](void* dst, const Tensor& ran, const S* final_grad) {
+    if (!dst) return;
+    for (int64_t i = 0; i < N; ++i) {
+      S* o = static_cast<S*>(dst) + s.order[static_cast<size_t>(i)] * DH + d * H;
+      if (i < n0 && m > 0)
+        std::memcpy(o, static_cast<const S*>(ran.data()) + i * H,
+                    static_cast<size_t>(H) * sizeof(S));
+      else if (final_grad)
+        std::memcpy(o, final_grad + s.order[static_cast<size_t>(i)] * DH,
+                    static_cast<size_t>(H) * sizeof(S));
+      else
+        std::memset(o, 0, static_cast<size_t>(H) * sizeof(S));
+    }
+  };
+  initial(a.dh0, dh_in, dh_final);
+  initial(a.dc0, dc_in, dc_final);
+}
+
+void zero(void* p, int64_t elements, DType t) {
+  if (p && elements > 0) std::memset(p, 0, static_cast<size_t>(elements * dtype_size(t)));
+}
+
+template <class F>
+void with_storage(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    case DType::Float16: return f(uint16_t{});
+  }
+}
+
+}  // namespace
+
+void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
+                          const int64_t* lengths) {
+  const int64_t TN = p.T * p.N;
+  zero(a.state, TN * p.dh(), p.dtype);
+  zero(a.cell, TN * p.dh(), p.dtype);
+  zero(a.z_state, TN * p.D * p.ZG * p.H, p.dtype);
+  const Schedule s = schedule(lengths, p.N, call_cost(p, false));
+  with_storage(p.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    for (int64_t d = 0; d < p.D; ++d) forward_direction<S>(be, p, a, s, d);
+  });
+}
+
+void backward_with_lengths(Backend& be, const Problem& p, const BackwardArrays& a,
+                           const int64_t* lengths) {
+  zero(a.dsource, p.T * p.N * p.I, p.dtype);
+  const Schedule s = schedule(lengths, p.N, call_cost(p, true));
+  with_storage(p.dtype, [&](auto tag) {
+    using S = decltype(tag);
+    for (int64_t d = 0; d < p.D; ++d) backward_direction<S>(be, p, a, s, d);
+  });
+}
+
+}  // namespace rnncore::detail
