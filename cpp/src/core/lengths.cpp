@@ -36,6 +36,12 @@ struct Schedule {
     return std::lower_bound(len.begin(), len.end(), step, std::greater<int64_t>()) - len.begin();
   }
   int64_t segments() const { return static_cast<int64_t>(bounds.size()) - 1; }
+  int64_t peak() const {  // the most row-steps of one segment
+    int64_t most = 0;
+    for (size_t j = 0; j + 1 < bounds.size(); ++j)
+      most = std::max(most, (bounds[j + 1] - bounds[j]) * active(bounds[j]));
+    return most;
+  }
 };
 
 // call_cost: what one backend call costs beyond its rows' steps, in row-steps. The
@@ -81,12 +87,13 @@ Schedule schedule(const int64_t* lengths, int64_t N, double call_cost) {
 }
 
 // One backend call's fixed cost in row-steps (a row-step: one row's recurrent and input
-// products, G·H·(H + I) multiply-adds): dispatch, the thread pool, per-call packing, and
-// for gradients the weight gradients written and summed once per call.
+// products, G·H·(H + I) multiply-adds). Measured on the CPU (H = 256): about 300 µs a
+// forward call at any T·N (the weights packed, threads woken), 50 row-steps; a gradient
+// call packs and writes more. Small layers pay the dispatch alone.
 double call_cost(const Problem& p, bool gradients) {
   const double row_step = static_cast<double>(p.gh()) * static_cast<double>(p.H + p.I);
-  const double fixed = gradients ? 2.0e6 : 1.0e6;
-  return (fixed + (gradients ? 4.0 * row_step : row_step)) / row_step;
+  const double dispatch = 1.5e6, per_weight = 50;
+  return (gradients ? 2 : 1) * (dispatch + per_weight * row_step) / row_step;
 }
 
 // The layout of one direction of p: where its columns sit in the caller's arrays and where a
@@ -146,19 +153,33 @@ S* data(Tensor& t) {
   return static_cast<S*>(t.data());
 }
 
-// A [steps, rows, width] block of `src` ([T, N, row] with this direction's `width` columns at
-// `col`), in processing order for the segment's sorted rows; zeros past each row's length.
+// Memory every segment of a chain reuses, sized for the largest: host scratch, or the
+// backend's own memory for what the backend writes.
 template <class S>
-Tensor gather(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
-              const void* src, int64_t row, int64_t col, int64_t width, bool input_time) {
-  Tensor t = Tensor::empty({steps, rows, width}, dir.p.dtype);
-  S* out = data<S>(t);
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(DType t, int64_t elements, Backend* be = nullptr)
+      : t_(be ? be->allocate({elements}, t) : Tensor::empty({elements}, t)) {}
+  S* get() { return static_cast<S*>(t_.data()); }
+  explicit operator bool() const { return t_.data() != nullptr; }
+
+ private:
+  Tensor t_;
+};
+
+// A [steps, rows, width] block of `src` ([T, N, row] with this direction's `width` columns
+// at `col`; null: zeros), in processing order for the segment's sorted rows, into `out`;
+// zeros past each row's length.
+template <class S>
+void gather(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
+            const void* src, int64_t row, int64_t col, int64_t width, bool input_time, S* out) {
   const S* in = static_cast<const S*>(src);
   for (int64_t k = 0; k < steps; ++k)
     for (int64_t i = 0; i < rows; ++i) {
       S* o = out + (k * rows + i) * width;
       const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
-      if (step >= len) {
+      if (!in || step >= len) {
         std::memset(o, 0, static_cast<size_t>(width) * sizeof(S));
         continue;
       }
@@ -166,16 +187,14 @@ Tensor gather(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps
       std::memcpy(o, in + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col,
                   static_cast<size_t>(width) * sizeof(S));
     }
-  return t;
 }
 
 // The inverse: a segment's [steps, rows, width] output placed into `dst`, or added to it.
 template <class S>
 void scatter(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
-             const Tensor& seg, void* dst, int64_t row, int64_t col, int64_t width, bool input_time,
+             const S* in, void* dst, int64_t row, int64_t col, int64_t width, bool input_time,
              bool add) {
   using E = Elem<S>;
-  const S* in = static_cast<const S*>(seg.data());
   S* out = static_cast<S*>(dst);
   for (int64_t k = 0; k < steps; ++k)
     for (int64_t i = 0; i < rows; ++i) {
@@ -192,94 +211,86 @@ void scatter(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps,
     }
 }
 
-// [rows, H]: this direction's columns of an [N, D*H] array for the sorted rows.
+// [rows, H]: this direction's columns of an [N, D*H] array for the sorted rows, into out.
 template <class S>
-Tensor rows_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows, const void* src) {
-  Tensor t = Tensor::empty({rows, p.H}, p.dtype);
+void rows_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows, const void* src,
+             S* out) {
   for (int64_t i = 0; i < rows; ++i)
-    std::memcpy(data<S>(t) + i * p.H,
+    std::memcpy(out + i * p.H,
                 static_cast<const S*>(src) + s.order[static_cast<size_t>(i)] * p.dh() + d * p.H,
                 static_cast<size_t>(p.H) * sizeof(S));
-  return t;
 }
 
 // The mask of this direction for the sorted rows, [rows, H] (a prefix serves every segment).
 template <class S>
-Tensor mask_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows,
-               const ForwardArrays& a) {
-  Tensor t = Tensor::empty({rows, p.H}, p.dtype);
+Buffer<S> mask_of(const Schedule& s, const Problem& p, int64_t d, int64_t rows,
+                  const ForwardArrays& a) {
+  Buffer<S> t(p.dtype, rows * p.H);
   const S* m = static_cast<const S*>(a.mask);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t h = 0; h < p.H; ++h)
-      data<S>(t)[i * p.H + h] =
+      t.get()[i * p.H + h] =
           m[(a.mask_rows == 1 ? 0 : s.order[static_cast<size_t>(i)]) * a.mask_cols +
             (a.mask_cols == 1 ? 0 : d * p.H + h)];
   return t;
-}
-
-// A prefix of `rows` rows of the last step of a [steps, n, H] segment output.
-template <class S>
-const S* last_step(const Tensor& t) {
-  return static_cast<const S*>(t.data()) + (t.shape()[0] - 1) * t.shape()[1] * t.shape()[2];
 }
 
 template <class S>
 void forward_direction(Backend& be, const Problem& p, const ForwardArrays& a, const Schedule& s,
                        int64_t d) {
   const Direction dir(p, d);
-  const int64_t H = p.H, ZH = p.ZG * H;
+  const int64_t H = p.H, ZH = p.ZG * H, peak = s.peak(), n0 = s.active(0);
+  const bool lstm = p.op == OpKind::Lstm;
   ForwardArrays b = dir.weights<S>(a);
-  Tensor mask, h0, c0, prev_state, prev_cell;
-  const int64_t n0 = s.active(0);
+  Buffer<S> mask, h0, c0, src(p.dtype, peak * dir.I_sub), z;
+  // Two of each: a segment starts from the last step of the one before.
+  Buffer<S> state[2] = {{p.dtype, peak * H, &be}, {p.dtype, peak * H, &be}}, cell[2];
+  if (lstm) cell[0] = {p.dtype, peak * H, &be}, cell[1] = {p.dtype, peak * H, &be};
+  if (p.training) z = {p.dtype, peak * ZH, &be};
   if (a.mask) mask = mask_of<S>(s, p, d, n0, a);
-  if (a.init_state) h0 = rows_of<S>(s, p, d, n0, a.init_state);
-  if (a.init_cell) c0 = rows_of<S>(s, p, d, n0, a.init_cell);
+  if (a.init_state) h0 = {p.dtype, n0 * H}, rows_of<S>(s, p, d, n0, a.init_state, h0.get());
+  if (a.init_cell) c0 = {p.dtype, n0 * H}, rows_of<S>(s, p, d, n0, a.init_cell, c0.get());
+  int64_t last = 0;  // offset of the previous segment's last step
   for (int64_t j = 0; j < s.segments(); ++j) {
-    const int64_t s0 = s.bounds[static_cast<size_t>(j)];
+    const int64_t s0 = s.bounds[static_cast<size_t>(j)], cur = j % 2, prev = 1 - cur;
     const int64_t steps = s.bounds[static_cast<size_t>(j) + 1] - s0, rows = s.active(s0);
     Problem q = dir.segment(steps, rows);
-    const Tensor src =
-        gather<S>(s, dir, s0, steps, rows, a.source, p.I, dir.src_col, dir.I_sub, true);
-    b.source = src.data();
+    gather<S>(s, dir, s0, steps, rows, a.source, p.I, dir.src_col, dir.I_sub, true, src.get());
+    b.source = src.get();
     q.has_init_state = j > 0 || a.init_state;
-    b.init_state = j > 0 ? last_step<S>(prev_state) : (a.init_state ? h0.data() : nullptr);
-    if (p.op == OpKind::Lstm) {
+    b.init_state = j > 0 ? state[prev].get() + last : h0.get();
+    if (lstm) {
       q.has_init_cell = j > 0 || a.init_cell;
-      b.init_cell = j > 0 ? last_step<S>(prev_cell) : (a.init_cell ? c0.data() : nullptr);
+      b.init_cell = j > 0 ? cell[prev].get() + last : c0.get();
     }
-    if (a.mask) b.mask = mask.data(), b.mask_rows = rows, b.mask_cols = H;
-    Tensor state = be.allocate({steps, rows, H}, p.dtype), cell, z;
-    if (q.produce_cell) cell = be.allocate({steps, rows, H}, p.dtype);
-    if (p.training) z = be.allocate({steps, rows, ZH}, p.dtype);
-    b.state = state.data();
-    b.cell = q.produce_cell ? cell.data() : nullptr;
-    b.z_state = p.training ? z.data() : nullptr;
+    if (a.mask) b.mask = mask.get(), b.mask_rows = rows, b.mask_cols = H;
+    b.state = state[cur].get();
+    b.cell = lstm ? cell[cur].get() : nullptr;
+    b.z_state = p.training ? z.get() : nullptr;
     be.forward(q, b);
-    scatter<S>(s, dir, s0, steps, rows, state, a.state, p.dh(), d * H, H, false, false);
-    if (a.cell) scatter<S>(s, dir, s0, steps, rows, cell, a.cell, p.dh(), d * H, H, false, false);
+    scatter<S>(s, dir, s0, steps, rows, state[cur].get(), a.state, p.dh(), d * H, H, false, false);
+    if (a.cell)
+      scatter<S>(s, dir, s0, steps, rows, cell[cur].get(), a.cell, p.dh(), d * H, H, false, false);
     if (a.z_state)
-      scatter<S>(s, dir, s0, steps, rows, z, a.z_state, p.D * ZH, d * ZH, ZH, false, false);
-    prev_state = std::move(state);
-    prev_cell = std::move(cell);
+      scatter<S>(s, dir, s0, steps, rows, z.get(), a.z_state, p.D * ZH, d * ZH, ZH, false, false);
+    last = (steps - 1) * rows * H;
   }
 }
 
 // h at processing step `step` of the sorted rows [0, rows) (each longer than step), from
 // what a gradient call is given: the GRU's forward output, or recomputed from the training
-// state (RNN: h = σ(z); LSTM: h = σ_o(a_o) ⊙ φ(c)) as the forward computed it.
+// state (RNN: h = σ(z); LSTM: h = σ_o(a_o) ⊙ φ(c)) as the forward computed it; into out.
 template <class S>
-Tensor state_at(const Schedule& s, const Direction& dir, const BackwardArrays& a, int64_t step,
-                int64_t rows) {
+void state_at(const Schedule& s, const Direction& dir, const BackwardArrays& a, int64_t step,
+              int64_t rows, S* out) {
   using E = Elem<S>;
   using C = typename E::C;
   const Problem& p = dir.p;
   const int64_t H = p.H, ZH = p.ZG * H;
-  Tensor t = Tensor::empty({rows, H}, p.dtype);
   std::vector<C> u(static_cast<size_t>(H)), v(static_cast<size_t>(H));
-  for (int64_t i = 0; i < rows; ++i) {
+  for (int64_t i = 0; i < rows; ++i, out += H) {
     const int64_t len = s.len[static_cast<size_t>(i)];
     const int64_t at = dir.output_time(step, len) * p.N + s.order[static_cast<size_t>(i)];
-    S* out = data<S>(t) + i * H;
     if (p.op == OpKind::Gru) {
       std::memcpy(out, static_cast<const S*>(a.h_fwd) + at * p.dh() + dir.d * H,
                   static_cast<size_t>(H) * sizeof(S));
@@ -301,19 +312,17 @@ Tensor state_at(const Schedule& s, const Direction& dir, const BackwardArrays& a
     }
     for (int64_t h = 0; h < H; ++h) out[h] = E::put(u[static_cast<size_t>(h)]);
   }
-  return t;
 }
 
-// Adds g[i] ([rows, H]) into the step of each sorted row i given by step_of(i) (skipped
-// when negative) of a [steps, rows, H] segment array.
+// Adds g[i] ([rows, H], row stride g_row) into the step step_of(i) of each sorted row i
+// (none when negative) of a [steps, rows, H] segment array.
 template <class S, class StepOf>
-void add_at(Tensor& seg, int64_t rows, const S* g, int64_t g_row, StepOf step_of) {
+void add_at(S* seg, int64_t rows, int64_t H, const S* g, int64_t g_row, StepOf step_of) {
   using E = Elem<S>;
-  const int64_t H = seg.shape()[2];
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t k = step_of(i);
     if (k < 0) continue;
-    S* o = data<S>(seg) + (k * rows + i) * H;
+    S* o = seg + (k * rows + i) * H;
     const S* v = g + i * g_row;
     for (int64_t h = 0; h < H; ++h) o[h] = E::put(E::get(o[h]) + E::get(v[h]));
   }
@@ -322,9 +331,8 @@ void add_at(Tensor& seg, int64_t rows, const S* g, int64_t g_row, StepOf step_of
 template <class S>
 struct Sum {  // one weight gradient summed over the segments, written once
   std::vector<typename Elem<S>::C> acc;
-  void add(const Tensor& t) {
-    const S* v = static_cast<const S*>(t.data());
-    if (acc.empty()) acc.assign(static_cast<size_t>(t.numel()), 0);
+  void add(const S* v, int64_t n) {
+    if (acc.empty()) acc.assign(static_cast<size_t>(n), 0);
     for (size_t k = 0; k < acc.size(); ++k) acc[k] += Elem<S>::get(v[k]);
   }
   void write(void* dst, int64_t offset, int64_t n) const {
@@ -339,103 +347,96 @@ void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, 
                         int64_t d) {
   const Direction dir(p, d);
   const int64_t H = p.H, GH = p.gh(), ZH = p.ZG * H, DH = p.dh(), N = p.N;
-  const int64_t n0 = s.active(0), m = s.segments();
+  const int64_t n0 = s.active(0), m = s.segments(), peak = s.peak();
+  const bool lstm = p.op == OpKind::Lstm, gru = p.op == OpKind::Gru;
+  const DType t = p.dtype;
   BackwardArrays b;
   b.fwd = dir.weights<S>(a.fwd);
-  Tensor mask;
+  Buffer<S> mask;
   if (a.fwd.mask) mask = mask_of<S>(s, p, d, n0, a.fwd);
   const S* dh_final = a.dh_final ? static_cast<const S*>(a.dh_final) + d * H : nullptr;
   const S* dc_final = a.dc_final ? static_cast<const S*>(a.dc_final) + d * H : nullptr;
-  // dh_final / dc_final rows of the sorted rows, [n0, H] (row stride DH in the caller's).
-  std::vector<S> dhf, dcf;
-  auto sorted = [&](const S* src, std::vector<S>& out) {
-    out.resize(static_cast<size_t>(n0 * H));
-    for (int64_t i = 0; i < n0; ++i)
-      std::memcpy(out.data() + i * H, src + s.order[static_cast<size_t>(i)] * DH,
-                  static_cast<size_t>(H) * sizeof(S));
-  };
-  if (dh_final) sorted(dh_final, dhf);
-  if (dc_final) sorted(dc_final, dcf);
+  // dh_final / dc_final of the sorted rows, [n0, H].
+  Buffer<S> dhf, dcf;
+  if (dh_final) dhf = {t, n0 * H}, rows_of<S>(s, p, d, n0, a.dh_final, dhf.get());
+  if (dc_final) dcf = {t, n0 * H}, rows_of<S>(s, p, d, n0, a.dc_final, dcf.get());
+  // Inputs of a segment (host), and the outputs the backend writes (its memory).
+  Buffer<S> src(t, peak * dir.I_sub), z(t, peak * ZH), dy(t, peak * H), fwd_out, dc;
+  Buffer<S> h0(t, n0 * H), c0;
+  if (gru || lstm) fwd_out = {t, peak * H};
+  if (lstm) dc = {t, peak * H}, c0 = {t, n0 * H};
+  Buffer<S> g_src(t, peak * dir.I_sub, &be), g_R(t, GH * H, &be), g_W, g_b, g_P, g_b2;
+  if (a.dW) g_W = {t, GH * p.I, &be};
+  if (a.dbias) g_b = {t, GH, &be};
+  if (a.dP) g_P = {t, 4 * H, &be};
+  if (a.db2) g_b2 = {t, H, &be};
+  // Two of each: a segment's initial-state gradients feed the one before.
+  Buffer<S> g_h0[2] = {{t, n0 * H, &be}, {t, n0 * H, &be}}, g_c0[2];
+  if (lstm) g_c0[0] = {t, n0 * H, &be}, g_c0[1] = {t, n0 * H, &be};
   Sum<S> dR, dW, dbias, dP, db2;
-  Tensor dh_in, dc_in;  // the gradients into the initial state of the segment after
-  const bool lstm = p.op == OpKind::Lstm;
+  bool ran_h0 = false, ran_c0 = false;  // whether g_h0 / g_c0 [m % 2 ...] hold the first's
   for (int64_t j = m - 1; j >= 0; --j) {
-    const int64_t s0 = s.bounds[static_cast<size_t>(j)];
+    const int64_t s0 = s.bounds[static_cast<size_t>(j)], cur = j % 2, next = 1 - cur;
     const int64_t s1 = s.bounds[static_cast<size_t>(j) + 1], steps = s1 - s0;
     const int64_t rows = s.active(s0), next_rows = j + 1 < m ? s.active(s1) : 0;
     Problem q = dir.segment(steps, rows);
-    const Tensor src =
-        gather<S>(s, dir, s0, steps, rows, a.fwd.source, p.I, dir.src_col, dir.I_sub, true);
-    const Tensor z = gather<S>(s, dir, s0, steps, rows, a.z_state, p.D * ZH, d * ZH, ZH, false);
-    Tensor dy = gather<S>(s, dir, s0, steps, rows, a.dy, DH, d * H, H, false);
-    Tensor fwd_out;  // GRU h / LSTM c
-    if (p.op == OpKind::Gru)
-      fwd_out = gather<S>(s, dir, s0, steps, rows, a.h_fwd, DH, d * H, H, false);
-    if (lstm) fwd_out = gather<S>(s, dir, s0, steps, rows, a.c_fwd, DH, d * H, H, false);
+    gather<S>(s, dir, s0, steps, rows, a.fwd.source, p.I, dir.src_col, dir.I_sub, true, src.get());
+    gather<S>(s, dir, s0, steps, rows, a.z_state, p.D * ZH, d * ZH, ZH, false, z.get());
+    gather<S>(s, dir, s0, steps, rows, a.dy, DH, d * H, H, false, dy.get());
+    if (gru) gather<S>(s, dir, s0, steps, rows, a.h_fwd, DH, d * H, H, false, fwd_out.get());
+    if (lstm) gather<S>(s, dir, s0, steps, rows, a.c_fwd, DH, d * H, H, false, fwd_out.get());
     // The final-state gradients at each row's last step; the next segment's initial-state
     // gradients at this one's last step.
     auto last_here = [&](int64_t i) {
       const int64_t len = s.len[static_cast<size_t>(i)];
       return len <= s1 ? len - 1 - s0 : -1;
     };
-    if (dh_final) add_at<S>(dy, rows, dhf.data(), H, last_here);
-    if (next_rows)
-      add_at<S>(dy, next_rows, static_cast<const S*>(dh_in.data()), H,
-                [&](int64_t) { return steps - 1; });
-    Tensor dc;
-    if (lstm) {
-      // The per-step cell-gradient form carries all three.
-      dc = a.dc_steps ? gather<S>(s, dir, s0, steps, rows, a.dc_steps, DH, d * H, H, false)
-                      : Tensor::zeros({steps, rows, H}, p.dtype);
-      if (dc_final) add_at<S>(dc, rows, dcf.data(), H, last_here);
-      if (next_rows)
-        add_at<S>(dc, next_rows, static_cast<const S*>(dc_in.data()), H,
-                  [&](int64_t) { return steps - 1; });
+    auto segment_end = [&](int64_t) { return steps - 1; };
+    if (dh_final) add_at<S>(dy.get(), rows, H, dhf.get(), H, last_here);
+    if (next_rows) add_at<S>(dy.get(), next_rows, H, g_h0[next].get(), H, segment_end);
+    if (lstm) {  // the per-step cell-gradient form carries all three
+      gather<S>(s, dir, s0, steps, rows, a.dc_steps, DH, d * H, H, false, dc.get());
+      if (dc_final) add_at<S>(dc.get(), rows, H, dcf.get(), H, last_here);
+      if (next_rows) add_at<S>(dc.get(), next_rows, H, g_c0[next].get(), H, segment_end);
     }
-    Tensor h0, c0;
     if (j > 0) {
-      h0 = state_at<S>(s, dir, a, s0 - 1, rows);
-      if (lstm) c0 = gather<S>(s, dir, s0 - 1, 1, rows, a.c_fwd, DH, d * H, H, false);
+      state_at<S>(s, dir, a, s0 - 1, rows, h0.get());
+      if (lstm) gather<S>(s, dir, s0 - 1, 1, rows, a.c_fwd, DH, d * H, H, false, c0.get());
     } else {
-      if (a.fwd.init_state) h0 = rows_of<S>(s, p, d, rows, a.fwd.init_state);
-      if (a.fwd.init_cell) c0 = rows_of<S>(s, p, d, rows, a.fwd.init_cell);
+      if (a.fwd.init_state) rows_of<S>(s, p, d, rows, a.fwd.init_state, h0.get());
+      if (a.fwd.init_cell) rows_of<S>(s, p, d, rows, a.fwd.init_cell, c0.get());
     }
-    q.has_init_state = h0.data() != nullptr;
-    q.has_init_cell = c0.data() != nullptr;
-    b.fwd.source = src.data();
-    b.fwd.init_state = h0.data();
-    b.fwd.init_cell = c0.data();
-    if (a.fwd.mask) b.fwd.mask = mask.data(), b.fwd.mask_rows = rows, b.fwd.mask_cols = H;
-    b.z_state = z.data();
-    b.h_fwd = p.op == OpKind::Gru ? fwd_out.data() : nullptr;
-    b.c_fwd = lstm ? fwd_out.data() : nullptr;
-    b.dy = dy.data();
-    b.dc_steps = lstm ? dc.data() : nullptr;
-    auto out = [&](bool wanted, const Shape& shape) {
-      return wanted ? be.allocate(shape, p.dtype) : Tensor();
-    };
-    Tensor g_src = out(true, {steps, rows, dir.I_sub}), g_R = out(true, {GH, H});
-    Tensor g_W = out(a.dW != nullptr, {GH, p.I}), g_b = out(a.dbias != nullptr, {GH});
-    Tensor g_P = out(a.dP != nullptr, {4 * H}), g_b2 = out(a.db2 != nullptr, {H});
-    Tensor g_h0 = out(q.has_init_state, {rows, H});
-    Tensor g_c0 = out(lstm && q.has_init_cell, {rows, H});
-    b.dsource = g_src.data();
-    b.dR = g_R.data();
-    b.dW = g_W.data();
-    b.dbias = g_b.data();
-    b.dP = g_P.data();
-    b.db2 = g_b2.data();
-    b.dh0 = g_h0.data();
-    b.dc0 = g_c0.data();
+    q.has_init_state = j > 0 || a.fwd.init_state;
+    q.has_init_cell = lstm && (j > 0 || a.fwd.init_cell);
+    b.fwd.source = src.get();
+    b.fwd.init_state = q.has_init_state ? h0.get() : nullptr;
+    b.fwd.init_cell = q.has_init_cell ? c0.get() : nullptr;
+    if (a.fwd.mask) b.fwd.mask = mask.get(), b.fwd.mask_rows = rows, b.fwd.mask_cols = H;
+    b.z_state = z.get();
+    b.h_fwd = gru ? fwd_out.get() : nullptr;
+    b.c_fwd = lstm ? fwd_out.get() : nullptr;
+    b.dy = dy.get();
+    b.dc_steps = lstm ? dc.get() : nullptr;
+    b.dsource = g_src.get();
+    b.dR = g_R.get();
+    b.dW = g_W.get();
+    b.dbias = g_b.get();
+    b.dP = g_P.get();
+    b.db2 = g_b2.get();
+    b.dh0 = q.has_init_state ? g_h0[cur].get() : nullptr;
+    b.dc0 = q.has_init_cell ? g_c0[cur].get() : nullptr;
     be.backward(q, b);
-    scatter<S>(s, dir, s0, steps, rows, g_src, a.dsource, p.I, dir.src_col, dir.I_sub, true, true);
-    dR.add(g_R);
-    if (a.dW) dW.add(g_W);
-    if (a.dbias) dbias.add(g_b);
-    if (a.dP) dP.add(g_P);
-    if (a.db2) db2.add(g_b2);
-    dh_in = std::move(g_h0);
-    dc_in = std::move(g_c0);
+    // With an input weight both directions' source gradients add up; without one each
+    // direction owns its columns.
+    scatter<S>(s, dir, s0, steps, rows, g_src.get(), a.dsource, p.I, dir.src_col, dir.I_sub, true,
+               d > 0 && p.has_input_weight);
+    dR.add(g_R.get(), GH * H);
+    if (a.dW) dW.add(g_W.get(), GH * p.I);
+    if (a.dbias) dbias.add(g_b.get(), GH);
+    if (a.dP) dP.add(g_P.get(), 4 * H);
+    if (a.db2) db2.add(g_b2.get(), H);
+    ran_h0 = q.has_init_state;
+    ran_c0 = q.has_init_cell;
   }
   dR.write(a.dR, d * GH * H, GH * H);
   if (a.dW) dW.write(a.dW, d * GH * p.I, GH * p.I);
@@ -444,13 +445,12 @@ void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, 
   if (a.db2) db2.write(a.db2, d * H, H);
   // Initial-state gradients: the first segment's for the rows that ran; an empty row's state
   // passes through, so its gradient is the final-state gradient.
-  auto initial = [&](void* dst, const Tensor& ran, const S* final_grad) {
+  auto initial = [&](void* dst, bool ran, Buffer<S>& first, const S* final_grad) {
     if (!dst) return;
     for (int64_t i = 0; i < N; ++i) {
       S* o = static_cast<S*>(dst) + s.order[static_cast<size_t>(i)] * DH + d * H;
-      if (i < n0 && m > 0)
-        std::memcpy(o, static_cast<const S*>(ran.data()) + i * H,
-                    static_cast<size_t>(H) * sizeof(S));
+      if (ran && i < n0)
+        std::memcpy(o, first.get() + i * H, static_cast<size_t>(H) * sizeof(S));
       else if (final_grad)
         std::memcpy(o, final_grad + s.order[static_cast<size_t>(i)] * DH,
                     static_cast<size_t>(H) * sizeof(S));
@@ -458,12 +458,19 @@ void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, 
         std::memset(o, 0, static_cast<size_t>(H) * sizeof(S));
     }
   };
-  initial(a.dh0, dh_in, dh_final);
-  initial(a.dc0, dc_in, dc_final);
+  initial(a.dh0, ran_h0, g_h0[0], dh_final);
+  initial(a.dc0, ran_c0, g_c0[0], dc_final);
 }
 
-void zero(void* p, int64_t elements, DType t) {
-  if (p && elements > 0) std::memset(p, 0, static_cast<size_t>(elements * dtype_size(t)));
+// Zeros every position of an [T, N, row] output at or past its row's length.
+void zero_tails(void* out, int64_t row, const Problem& p, const int64_t* lengths) {
+  if (!out) return;
+  const int64_t es = dtype_size(p.dtype);
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t n = 0; n < p.N; ++n)
+      if (t >= lengths[n])
+        std::memset(static_cast<char*>(out) + (t * p.N + n) * row * es, 0,
+                    static_cast<size_t>(row * es));
 }
 
 template <class F>
@@ -479,10 +486,9 @@ void with_storage(DType t, F&& f) {
 
 void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
                           const int64_t* lengths) {
-  const int64_t TN = p.T * p.N;
-  zero(a.state, TN * p.dh(), p.dtype);
-  zero(a.cell, TN * p.dh(), p.dtype);
-  zero(a.z_state, TN * p.D * p.ZG * p.H, p.dtype);
+  zero_tails(a.state, p.dh(), p, lengths);
+  zero_tails(a.cell, p.dh(), p, lengths);
+  zero_tails(a.z_state, p.D * p.ZG * p.H, p, lengths);
   const Schedule s = schedule(lengths, p.N, call_cost(p, false));
   with_storage(p.dtype, [&](auto tag) {
     using S = decltype(tag);
@@ -492,7 +498,7 @@ void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
 
 void backward_with_lengths(Backend& be, const Problem& p, const BackwardArrays& a,
                            const int64_t* lengths) {
-  zero(a.dsource, p.T * p.N * p.I, p.dtype);
+  zero_tails(a.dsource, p.I, p, lengths);
   const Schedule s = schedule(lengths, p.N, call_cost(p, true));
   with_storage(p.dtype, [&](auto tag) {
     using S = decltype(tag);

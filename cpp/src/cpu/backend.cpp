@@ -107,8 +107,9 @@ bool blas_path_forced() {
 // claim (no synchronisation inside the time loop), then the weight-gradient reductions
 // over all rows. The packed kernels give every row the same bits however the rows are
 // sliced (see BackwardSlice), so the slices follow the threads a call can have now: one
-// per thread (16 rows or more each), or every row in one slice when the call runs alone.
-// The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 16 rows a slice: BLAS
+// per thread (a group of kProductRows rows or more each: even 8 rows a step are bound by
+// their products, not by streaming R), or every row in one slice when the call runs alone.
+// The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 8 rows a slice: BLAS
 // may sum another way for another row count.
 template <class T>
 void backward_impl(const Problem& p, const DirectionBackward* dirs) {
@@ -116,8 +117,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   const int64_t N = p.N, H = p.H, TNH = p.T * p.N * p.H;
   const int64_t groups = (N + kProductRows - 1) / kProductRows;
   const int64_t threads = blas_path_forced() ? 8 * p.D : pool.available();
-  const int64_t per_dir =
-      std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, threads / p.D), N / 16));
+  const int64_t per_dir = std::max<int64_t>(
+      1, std::min<int64_t>(std::max<int64_t>(1, threads / p.D), N / kProductRows));
   const int64_t slices = per_dir * p.D;
   std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
