@@ -58,7 +58,9 @@ def run_onnx(op_type, inputs, *, direction, activations, linear_before_reset=Non
         [node],
         f"{op_type.lower()}_test",
         [
-            helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape))
+            helper.make_tensor_value_info(
+                k, TensorProto.INT32 if k == "sequence_lens" else TensorProto.FLOAT, list(v.shape)
+            )
             for k, v in inputs.items()
         ],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
@@ -166,10 +168,10 @@ def check_against_onnx(result, onnx_out, direction, tol, what):
             assert_rel_close(result.cell[0, :, H:], onnx_out["Y_c"][1], tol, f"{what}: Y_c[1]")
 
 
-def run_rnncore(kind, args, desc, dtype, device):
+def run_rnncore(kind, args, desc, dtype, device, **kwargs):
     args = {k: np.asarray(v, dtype=dtype) for k, v in args.items()}
     source, rec = args.pop("source"), args.pop("recurrent_weight")
-    return op(rnncore, kind)(source, rec, **args, descriptor=desc, device=device)
+    return op(rnncore, kind)(source, rec, **args, descriptor=desc, device=device, **kwargs)
 
 
 def compare_both_dtypes(kind, args, desc, onnx_out, direction, device, what):
@@ -261,3 +263,63 @@ def test_lstm_matches_onnx(rng, device, direction, f, g, h, peephole, with_init)
     args = to_rnncore_args("LSTM", inputs, direction)
     what = f"LSTM {direction} {f},{g},{h} peephole={peephole}"
     compare_both_dtypes("lstm", args, desc, out, direction, device, what)
+
+
+# ---- sequence_lens ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lengths", [[5, 2, 1], [1, 3, 5]], ids=["longest-first", "shortest-first"])
+@pytest.mark.parametrize(
+    ("op_type", "linear_before_reset"),
+    [("RNN", None), ("GRU", 0), ("GRU", 1), ("LSTM", None)],
+    ids=["rnn", "gru-lbr0", "gru-lbr1", "lstm"],
+)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_sequence_lens_matches_onnx(rng, device, direction, op_type, linear_before_reset, lengths):
+    """ONNX's sequence_lens is rnncore's sequence_lengths (the contract's ONNX mapping): Y is
+    rnncore's state with the reverse direction flipped within each row's length, zero past
+    it; Y_h / Y_c are each row's state at its last processed step."""
+    skip_unsupported(device, np.float32)
+    lengths = np.array(lengths, np.int32)
+    inputs = onnx_inputs(rng, op_type, direction, True, peephole=op_type == "LSTM")
+    inputs["sequence_lens"] = lengths
+    activations = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+    out = run_onnx(
+        op_type,
+        inputs,
+        direction=direction,
+        activations=activations[op_type],
+        linear_before_reset=linear_before_reset,
+    )
+    kind = op_type.lower()
+    fields = {"reset_after": bool(linear_before_reset)} if kind == "gru" else {}
+    if kind == "lstm":
+        fields["produce_cell"] = True
+    if kind == "rnn":
+        fields["activation"] = "TANH"
+    desc = make_descriptor(
+        kind, reverse=direction == "reverse", bidirectional=direction == "bidirectional", **fields
+    )
+    args = to_rnncore_args(op_type, inputs, direction, linear_before_reset or 0)
+    rows = np.arange(N)
+    for dtype in (np.float64, np.float32):
+        if np.dtype(dtype) == np.float64 and device != "cpu":
+            continue
+        r = run_rnncore(kind, args, desc, dtype, device, sequence_lengths=lengths)
+        D = 2 if direction == "bidirectional" else 1
+        Y = out["Y"].transpose(0, 2, 1, 3).reshape(T, N, D * H)
+        state = np.array(r.state)
+        if direction == "reverse":  # processing order -> input time, within each row
+            for n, L in enumerate(lengths):  # noqa: E741
+                state[:L, n] = state[:L, n][::-1]
+        what = f"{op_type} {direction} lengths {lengths.tolist()} {np.dtype(dtype).name}"
+        tol = forward_tol(np.float32)
+        assert_rel_close(state, Y, tol, f"{what}: Y")
+        last = r.state[lengths - 1, rows]  # each row's last processed step (forward half)
+        assert_rel_close(last[:, :H], out["Y_h"][0], tol, f"{what}: Y_h[0]")
+        if D == 2:
+            assert_rel_close(r.state[0, :, H:], out["Y_h"][1], tol, f"{what}: Y_h[1]")
+        if kind == "lstm":
+            assert_rel_close(r.cell[lengths - 1, rows, :H], out["Y_c"][0], tol, f"{what}: Y_c[0]")
+            if D == 2:
+                assert_rel_close(r.cell[0, :, H:], out["Y_c"][1], tol, f"{what}: Y_c[1]")

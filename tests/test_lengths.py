@@ -9,8 +9,10 @@ from cases import (
     all_inputs,
     flag_cases,
     full_descriptor,
+    gradient_op,
     make_cotangents,
     make_inputs,
+    op,
     result_fields,
     run,
     run_gradients,
@@ -334,3 +336,95 @@ def test_any_integer_type(dtype):
     a = run(rnncore, "gru", inputs, None, sequence_lengths=np.array([1, 4, 0], dtype))
     b = run(rnncore, "gru", inputs, None, sequence_lengths=[1, 4, 0])
     assert np.array_equal(a.state, b.state)
+
+
+# ---- against PyTorch's packed sequences and ONNX Runtime's sequence_lens ------------------
+
+TORCH_MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("mode", TORCH_MODES)
+def test_matches_torch_packed_sequences(mode, bidirectional):
+    """Forward (output, h_n, c_n) and every gradient against torch's packed sequences, with
+    lengths in random order (enforce_sorted=False), float64."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    from util import torch_layer_of
+
+    from rnncore.convert import descriptor_for_torch, gradients_to_torch, weights_from_torch
+    from rnncore.convert import torch_directions
+
+    T, N, I, H = 7, 5, 4, 6  # noqa: E741, N806
+    D = 2 if bidirectional else 1  # noqa: N806
+    lengths = np.array([3, 7, 1, 5, 7])
+    layer = torch_layer_of(mode, I, H, bidirectional, seed=1)
+    kind = mode.split("_")[0]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((T, N, I))
+    h0 = rng.standard_normal((D, N, H)) * 0.5
+    c0 = rng.standard_normal((D, N, H)) * 0.5
+    dy = rng.standard_normal((T, N, D * H))
+    dh = rng.standard_normal((D, N, H))
+    dc = rng.standard_normal((D, N, H))
+
+    xt = torch.tensor(x, requires_grad=True)
+    h0t = torch.tensor(h0, requires_grad=True)
+    c0t = torch.tensor(c0, requires_grad=True)
+    packed = pack_padded_sequence(xt, torch.tensor(lengths), enforce_sorted=False)
+    out, hn = layer(packed, (h0t, c0t) if kind == "lstm" else h0t)
+    out, _ = pad_packed_sequence(out, total_length=T)
+    hn, cn = hn if kind == "lstm" else (hn, None)
+    loss = (out * torch.tensor(dy)).sum() + (hn * torch.tensor(dh)).sum()
+    if cn is not None:
+        loss = loss + (cn * torch.tensor(dc)).sum()
+    loss.backward()
+
+    def flat(s):  # [D, N, H] -> [N, D*H]
+        return np.ascontiguousarray(np.asarray(s).transpose(1, 0, 2).reshape(N, D * H))
+
+    nonlinearity = "relu" if mode == "rnn_relu" else "tanh"
+    desc = descriptor_for_torch(
+        kind, nonlinearity=nonlinearity, bidirectional=bidirectional, training=True
+    )
+    weights = weights_from_torch(kind, torch_directions(layer.state_dict(), 0, bidirectional))
+    inits = {"init_state": flat(h0)}
+    if kind == "lstm":
+        inits["init_cell"] = flat(c0)
+    fwd = op(rnncore, kind)(x, sequence_lengths=lengths, descriptor=desc, **weights, **inits)
+    tol = 3e-15  # measured: 7.2e-16
+    assert rel(fwd.state, out.detach().numpy()) <= tol
+    finals = [fwd.state[lengths - 1, np.arange(N), :H]]
+    if bidirectional:
+        finals.append(fwd.state[0, :, H:])
+    assert rel(np.stack(finals), hn.detach().numpy()) <= tol
+    if cn is not None:
+        cells = [fwd.cell[lengths - 1, np.arange(N), :H]] + (
+            [fwd.cell[0, :, H:]] if bidirectional else []
+        )
+        assert rel(np.stack(cells), cn.detach().numpy()) <= tol
+
+    rest = dict(weights)
+    R = rest.pop("recurrent_weight")  # noqa: N806
+    extra = {"rnn": (), "lstm": (getattr(fwd, "cell", None),), "gru": (fwd.state,)}[kind]
+    more = {"cell_gradient": flat(dc)} if kind == "lstm" else {}
+    g = gradient_op(rnncore, kind)(
+        x,
+        R,
+        dy,
+        fwd.z_state,
+        *extra,
+        state_gradient=flat(dh),
+        sequence_lengths=lengths,
+        descriptor=desc,
+        **rest,
+        **inits,
+        **more,
+    )
+    assert rel(g.source, xt.grad.numpy()) <= tol
+    assert rel(g.init_state, flat(h0t.grad.numpy())) <= tol
+    if kind == "lstm":
+        assert rel(g.init_cell, flat(c0t.grad.numpy())) <= tol
+    theirs = dict(layer.named_parameters())
+    for name, ours in gradients_to_torch(kind, g, bidirectional=bidirectional).items():
+        assert rel(ours, theirs[name].grad.numpy()) <= tol, name
