@@ -352,8 +352,12 @@ def test_matches_torch_packed_sequences(mode, bidirectional):
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
     from util import torch_layer_of
 
-    from rnncore.convert import descriptor_for_torch, gradients_to_torch, weights_from_torch
-    from rnncore.convert import torch_directions
+    from rnncore.convert import (
+        descriptor_for_torch,
+        gradients_to_torch,
+        torch_directions,
+        weights_from_torch,
+    )
 
     T, N, I, H = 7, 5, 4, 6  # noqa: E741, N806
     D = 2 if bidirectional else 1  # noqa: N806
