@@ -127,7 +127,11 @@ def test_from_keras_refuses(keras):
 # ---- ONNX ------------------------------------------------------------------------------------
 
 
-def onnx_model(op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None, **attrs):  # noqa: E741
+def onnx_model(  # noqa: E741
+    op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None, lens=None, **attrs
+):
+    """A one-node model; `lens` None (no sequence_lens), "input" (a graph input) or an array
+    (a graph initializer)."""
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -142,6 +146,15 @@ def onnx_model(op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None
     if bias:
         inits.append(numpy_helper.from_array(B, "B"))
         inputs.append("B")
+    graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)]
+    if lens is not None:
+        inputs = inputs + [""] * (4 - len(inputs)) + ["sequence_lens"]
+        if isinstance(lens, str):
+            graph_inputs.append(
+                helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, None)
+            )
+        else:
+            inits.append(numpy_helper.from_array(np.asarray(lens, np.int32), "sequence_lens"))
     if P is not None:
         inits.append(numpy_helper.from_array(P.astype(np.float32), "P"))
         inputs = inputs + [""] * (7 - len(inputs)) + ["P"]
@@ -159,7 +172,7 @@ def onnx_model(op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None
     graph = helper.make_graph(
         [node],
         "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
+        graph_inputs,
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
         inits,
     )
@@ -206,6 +219,37 @@ def test_from_onnx(op, attrs, direction, layout):
     if direction == "reverse":
         got = got[::-1]
     assert rel_err(got, want) < TOL32
+
+
+@pytest.mark.parametrize("op, attrs", ONNX_CASES[::2] + ONNX_CASES[5:6])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("lens", ["input", "constant"])
+def test_from_onnx_sequence_lens(op, attrs, direction, lens):
+    """A node's sequence_lens: at run time the layer's lengths=, a constant its .lengths."""
+    ort = pytest.importorskip("onnxruntime")
+    D = 2 if direction == "bidirectional" else 1
+    if "activations" in attrs:
+        attrs = dict(attrs, activations=attrs["activations"] * D)
+    T, N = 6, 3
+    lengths = np.array([4, 6, 1], np.int32)
+    _, model = onnx_model(
+        op, direction=direction, lens="input" if lens == "input" else lengths, **attrs
+    )
+    x = rng(5).standard_normal((T, N, 3)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {"X": x, "sequence_lens": lengths} if lens == "input" else {"X": x}
+    Y, Y_h = session.run(None, feed)[:2]
+    layer = rn.from_onnx(model)
+    got = layer(x, lengths=lengths) if lens == "input" else layer(x)
+    got = got[0] if op == "LSTM" else got
+    want = Y.transpose(0, 2, 1, 3).reshape(T, N, -1)
+    if direction == "reverse":  # processing order -> input time, within each row
+        got = got.copy()
+        for n, L in enumerate(lengths):  # noqa: E741
+            got[:L, n] = got[:L, n][::-1]
+    assert rel_err(got, want) < TOL32
+    finals = got[lengths - 1, np.arange(N)] if direction != "reverse" else got[0]
+    assert rel_err(finals[:, :5], Y_h[0]) < TOL32
 
 
 @pytest.mark.parametrize(

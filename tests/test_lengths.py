@@ -432,3 +432,118 @@ def test_matches_torch_packed_sequences(mode, bidirectional):
     theirs = dict(layer.named_parameters())
     for name, ours in gradients_to_torch(kind, g, bidirectional=bidirectional).items():
         assert rel(ours, theirs[name].grad.numpy()) <= tol, name
+
+
+# ---- layers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
+def test_torch_module_takes_packed_sequences(kind, bidirectional, batch_first):
+    """rnncore.torch with a PackedSequence: the same packed output, h_n (c_n) at each row's
+    last step, and the same gradients as torch.nn, 2 layers, float64."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    import rnncore.torch as rt
+
+    torch.manual_seed(4)
+    theirs = getattr(torch.nn, kind)(
+        3, 5, 2, batch_first=batch_first, bidirectional=bidirectional
+    ).double()
+    ours = getattr(rt, kind)(3, 5, 2, batch_first=batch_first, bidirectional=bidirectional)
+    ours = ours.double()
+    ours.load_state_dict(theirs.state_dict())
+    lengths = torch.tensor([4, 7, 1, 7, 2])
+    T, N = 7, 5  # noqa: N806
+    x = torch.randn((N, T, 3) if batch_first else (T, N, 3), dtype=torch.float64)
+    D = 2 if bidirectional else 1  # noqa: N806
+    h0 = torch.randn(2 * D, N, 5, dtype=torch.float64)
+    results = []
+    for module in (ours, theirs):
+        xi = x.clone().requires_grad_(True)
+        hi = h0.clone().requires_grad_(True)
+        packed = pack_padded_sequence(xi, lengths, batch_first=batch_first, enforce_sorted=False)
+        out, hn = module(packed, (hi, hi * 0.5) if kind == "LSTM" else hi)
+        assert isinstance(out, torch.nn.utils.rnn.PackedSequence)
+        hs = hn if kind == "LSTM" else (hn,)
+        loss = (out.data * torch.cos(out.data)).sum() + sum((h * h).sum() for h in hs)
+        module.zero_grad()
+        loss.backward()
+        grads = [xi.grad, hi.grad] + [p.grad.clone() for p in module.parameters()]
+        results.append((out, hs, grads))
+    (o1, h1, g1), (o2, h2, g2) = results
+    assert torch.equal(o1.batch_sizes, o2.batch_sizes)
+    assert torch.equal(o1.sorted_indices, o2.sorted_indices)
+    tol = 1e-14
+    assert rel(o1.data.detach(), o2.data.detach()) <= tol
+    for a, b in zip(h1, h2):
+        assert rel(a.detach(), b.detach()) <= tol
+    for a, b in zip(g1, g2):
+        assert rel(a, b) <= tol
+
+
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "RNN"])
+def test_nn_layer_lengths(kind, bidirectional, batch_first):
+    """rnncore.nn layers with lengths= against torch.nn on packed sequences: outputs (zero
+    past each length) and backward()'s gradients, 2 layers, float64."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    import rnncore.nn as rn
+
+    torch.manual_seed(5)
+    theirs = getattr(torch.nn, kind)(
+        3, 4, 2, batch_first=batch_first, bidirectional=bidirectional
+    ).double()
+    layer = rn.from_torch(theirs)
+    assert layer.batch_first == batch_first
+    T, N = 6, 4  # noqa: N806
+    lengths = np.array([6, 2, 5, 1])
+    x = torch.randn((N, T, 3) if batch_first else (T, N, 3), dtype=torch.float64)
+    xi = x.clone().requires_grad_(True)
+    packed = pack_padded_sequence(xi, torch.tensor(lengths), batch_first, enforce_sorted=False)
+    out, _ = theirs(packed)
+    out, _ = pad_packed_sequence(out, batch_first, total_length=T)
+    dy = torch.randn(out.shape, dtype=torch.float64)
+    (out * dy).sum().backward()
+    got = layer(x.numpy(), lengths=lengths)
+    got = got[0] if kind == "LSTM" else got
+    tol = 1e-14
+    assert rel(got, out.detach().numpy()) <= tol
+    grads = layer.backward(dy.numpy())
+    assert rel(grads["x"], xi.grad.numpy()) <= tol
+    for name, p in theirs.named_parameters():
+        assert rel(torch_gradient(layer, grads, name), p.grad.numpy()) <= tol, name
+
+
+def torch_gradient(layer, grads, torch_name):
+    """The gradient of torch's parameter `torch_name` from rnncore.nn's backward() (a summed
+    bias passes its gradient to both parts; the GRU's b_hh is [d b (r, z), d bhn])."""
+    base, rest = torch_name.split("_l")
+    index, _, reverse = rest.partition("_")
+    sfx = ("" if index == "0" else f"_l{index}") + ("_reverse" if reverse else "")
+    w = layer._weights
+    if base in ("weight_ih", "weight_hh"):
+        return grads[w[base == "weight_hh"] + sfx]
+    if base == "bias_hh" and len(w) == 4:
+        H = layer.hidden_size  # noqa: N806
+        return np.concatenate([grads[w[2] + sfx][: 2 * H], grads[w[3] + sfx]])
+    return grads[w[2] + sfx]
+
+
+def test_layer_lengths_errors():
+    import rnncore.nn as rn
+
+    layer = rn.GRU(3, 4)
+    x = np.zeros((2, 5, 3), np.float32)
+    with pytest.raises(ValueError, match=r"\[rnncore.nn.GRU\] lengths must have shape \(2,\)"):
+        layer(x, lengths=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"\[rnncore.nn.GRU\] lengths must lie in \[0, 5\]"):
+        layer(x, lengths=[1, 6])
+    with pytest.raises(TypeError, match=r"\[rnncore.nn.GRU\] lengths must hold integers"):
+        layer(x, lengths=[1.0, 2.0])
+    assert layer(x[0], lengths=3).shape == (5, 4)  # unbatched: one length

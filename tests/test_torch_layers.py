@@ -195,11 +195,6 @@ def test_dropout_between_layers():
             TypeError,
             r"input has dtype torch.float64 and the parameters torch.float32",
         ),
-        (
-            lambda: rt.GRU(3, 4)(torch.nn.utils.rnn.pack_sequence([torch.zeros(2, 3)])),
-            TypeError,
-            r"PackedSequence input is not supported yet",
-        ),
     ],
 )
 def test_errors_name_module_argument_and_shapes(call, error, message):

@@ -50,14 +50,22 @@ _NONLINEARITIES = {
 }
 
 
-def layer_forward(kind, source, arrays, inits, descriptor, device):
+def layer_forward(kind, source, arrays, inits, descriptor, device, lengths=None):
     """One layer's forward operation: `arrays` the weights as the operation's keywords
-    (input_weight, recurrent_weight, bias, secondary_bias), `inits` its initial states."""
+    (input_weight, recurrent_weight, bias, secondary_bias), `inits` its initial states,
+    `lengths` the rows' sequence lengths (None: all T)."""
     op = getattr(_rc, KINDS[kind].forward)
-    return op(source, descriptor=descriptor, device=device, **arrays, **inits)
+    return op(
+        source,
+        descriptor=descriptor,
+        device=device,
+        sequence_lengths=lengths,
+        **arrays,
+        **inits,
+    )
 
 
-def layer_gradients(kind, source, arrays, inits, result, dy, dc, descriptor, device):
+def layer_gradients(kind, source, arrays, inits, result, dy, dc, descriptor, device, lengths=None):
     """The gradient operation of `layer_forward`'s call that gave `result` (run with
     training), for the state gradient `dy` and, for the LSTM, the per-step cell gradient."""
     rest = dict(arrays)
@@ -77,6 +85,7 @@ def layer_gradients(kind, source, arrays, inits, result, dy, dc, descriptor, dev
         *forward_output,
         descriptor=descriptor,
         device=device,
+        sequence_lengths=lengths,
         **rest,
         **inits,
     )
@@ -127,6 +136,7 @@ class _Recurrent:
         self.device = device
         self.bias = bool(bias)  # replaced by the bias array of the same name (RNN, LSTM)
         self.training = True  # as an mlx.nn.Module: keep what backward() needs
+        self.lengths = None  # the sequence lengths of a call that gives none (from_onnx)
         self._tape = None
         self._names = []
         scale = 1.0 / math.sqrt(H)
@@ -296,17 +306,45 @@ class _Recurrent:
 
     # ---- forward and backward -----------------------------------------------------------------
 
-    def _forward_op(self, inp, arrays, inits, desc):
-        return layer_forward(self._kind, inp, arrays, inits, desc, self.device)
+    def _lengths(self, lengths, N, T, unbatched):
+        """`lengths` ([N] integers in [0, L]; an int for unbatched x) as an int64 array."""
+        if lengths is None:
+            return None
+        value = np.asarray(lengths)
+        expected = () if unbatched else (N,)
+        if unbatched and value.shape == (1,):
+            value = value.reshape(())
+        if value.dtype.kind not in "iu":
+            raise TypeError(
+                f"[{self._label}] lengths must hold integers but has dtype {value.dtype}"
+            )
+        if value.shape != expected:
+            raise ValueError(
+                f"[{self._label}] lengths must have shape {expected} (one per sequence) "
+                f"but has {value.shape}"
+            )
+        bad = (value < 0) | (value > T)
+        if np.any(bad):
+            raise ValueError(
+                f"[{self._label}] lengths must lie in [0, {T}] (the sequence length) but "
+                f"holds {value[bad].flat[0]}"
+            )
+        return value.reshape(N).astype(np.int64)
 
-    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc):
-        return layer_gradients(self._kind, inp, arrays, inits, result, dy, dc, desc, self.device)
+    def _forward_op(self, inp, arrays, inits, desc, lengths):
+        return layer_forward(self._kind, inp, arrays, inits, desc, self.device, lengths)
 
-    def _run(self, x, hidden, cell=None):
+    def _gradient_op(self, inp, arrays, inits, result, dy, dc, desc, lengths):
+        return layer_gradients(
+            self._kind, inp, arrays, inits, result, dy, dc, desc, self.device, lengths
+        )
+
+    def _run(self, x, hidden, cell=None, lengths=None):
         seq, unbatched = self._sequence(x)
         T, N = seq.shape[:2]
         h0 = self._state("hidden", hidden, N, unbatched, T)
         c0 = self._state("cell", cell, N, unbatched, T)
+        lengths = self._lengths(self.lengths if lengths is None else lengths, N, T, unbatched)
         desc = self._descriptor(self.training)
         tape = []
         inp = seq
@@ -316,11 +354,13 @@ class _Recurrent:
             inits = {"init_state": self._layer_state(h0, layer, N)}
             if c0 is not None:
                 inits["init_cell"] = self._layer_state(c0, layer, N)
-            result = self._forward_op(inp, arrays, inits, desc)
+            result = self._forward_op(inp, arrays, inits, desc, lengths)
             tape.append((inp, arrays, inits, result))
             inp = result.state
         self._tape = (
-            (tape, unbatched, hidden is not None, cell is not None) if self.training else None
+            (tape, unbatched, hidden is not None, cell is not None, lengths)
+            if self.training
+            else None
         )
         return result, unbatched
 
@@ -329,7 +369,7 @@ class _Recurrent:
             raise RuntimeError(
                 f"[{self._label}] backward() needs a forward call in training mode (layer.train())"
             )
-        tape, unbatched, had_hidden, had_cell = self._tape
+        tape, unbatched, had_hidden, had_cell, lengths = self._tape
         dy, _ = self._output_gradient("d_output", d_state, tape, unbatched)
         dc = None
         if d_cell is not None:
@@ -339,7 +379,7 @@ class _Recurrent:
         d_hidden0, d_cell0 = [], []
         for layer in reversed(range(self.num_layers)):
             inp, arrays, inits, result = tape[layer]
-            g = self._gradient_op(inp, arrays, inits, result, dy, dc, desc)
+            g = self._gradient_op(inp, arrays, inits, result, dy, dc, desc, lengths)
             self._store_gradients(layer, g, grads)
             d_hidden0.append(g.init_state)
             d_cell0.append(getattr(g, "init_cell", None))
@@ -420,8 +460,8 @@ class GRU(_Recurrent):
     def _fields(self):
         return {"reset_gate_first": True, "reset_after": self.reset_after}
 
-    def __call__(self, x, hidden=None):
-        result, unbatched = self._run(x, hidden)
+    def __call__(self, x, hidden=None, *, lengths=None):
+        result, unbatched = self._run(x, hidden, lengths=lengths)
         return self._from_sequence(result.state, unbatched)
 
 
@@ -441,8 +481,8 @@ class RNN(_Recurrent):
     def _fields(self):
         return {"activation": self.nonlinearity}
 
-    def __call__(self, x, hidden=None):
-        result, unbatched = self._run(x, hidden)
+    def __call__(self, x, hidden=None, *, lengths=None):
+        result, unbatched = self._run(x, hidden, lengths=lengths)
         return self._from_sequence(result.state, unbatched)
 
 
@@ -458,8 +498,8 @@ class LSTM(_Recurrent):
     def _fields(self):
         return {"produce_cell": True}
 
-    def __call__(self, x, hidden=None, cell=None):
-        result, unbatched = self._run(x, hidden, cell)
+    def __call__(self, x, hidden=None, cell=None, *, lengths=None):
+        result, unbatched = self._run(x, hidden, cell, lengths)
         return (
             self._from_sequence(result.state, unbatched),
             self._from_sequence(result.cell, unbatched),
@@ -692,7 +732,9 @@ def from_onnx(model, node=None, **options):
     processing order (ONNX's ``Y`` is them flipped in time; docs/semantics.md, "ONNX
     layouts and directions"). What the contract cannot express (``clip``,
     ``activation_alpha`` / ``activation_beta`` other than HardSigmoid's 0.2 / 0.5,
-    ``input_forget``, non-zero peepholes, run-time ``sequence_lens``) raises."""
+    ``input_forget``, non-zero peepholes) raises. The node's ``sequence_lens`` is the layer's
+    ``lengths=`` argument; a constant one (a graph initializer) becomes ``layer.lengths``,
+    used by calls that give none."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -726,8 +768,6 @@ def from_onnx(model, node=None, **options):
     for refused in ("clip", "input_forget"):
         if attrs.get(refused):
             raise ValueError(f"{where} {refused}={attrs[refused]} has no counterpart in rnncore")
-    if inputs["sequence_lens"]:
-        raise ValueError(f"{where} sequence_lens is not supported yet: pad the batch")
     P = const("P")
     if P is not None and np.any(P):
         raise ValueError(f"{where} peepholes P (non-zero) have no counterpart in rnncore.nn")
@@ -802,6 +842,8 @@ def from_onnx(model, node=None, **options):
             else:
                 values[layer._weights[2]] = wb + rb
         _set_direction(layer, 0, d, values)
+    if inputs["sequence_lens"] in consts:
+        layer.lengths = np.asarray(consts[inputs["sequence_lens"]], np.int64)
     return layer
 
 

@@ -47,7 +47,8 @@ def _run(spec, x, h0, c0, params, training):
     if spec.kind == "lstm":
         inits["init_cell"] = _numpy(c0)
     x_np = _numpy(x)
-    out = layer_forward(spec.kind, x_np, arrays, inits, spec.descriptor(training), spec.device)
+    desc = spec.descriptor(training)
+    out = layer_forward(spec.kind, x_np, arrays, inits, desc, spec.device, spec.lengths)
     return x_np, arrays, inits, out
 
 
@@ -81,6 +82,7 @@ class _Layer(torch.autograd.Function):
             _numpy(dc),
             spec.descriptor(False),
             spec.device,
+            spec.lengths,
         )
         grads = spec.parameter_gradients(g)
         dh0 = _tensor(g.init_state)
@@ -92,8 +94,9 @@ class _Spec:
     """How one layer's torch parameters map onto the operation (the contract's "Mapping
     other frameworks onto the descriptors")."""
 
-    def __init__(self, module, kind):
+    def __init__(self, module, kind, lengths=None):
         self.kind = kind
+        self.lengths = lengths  # [N] int64, or None
         self.H = module.hidden_size
         self.D = 2 if module.bidirectional else 1
         self.bias = module.bias
@@ -157,11 +160,15 @@ class _Module:
 
     def forward(self, input, hx=None):  # noqa: A002 (torch's argument name)
         name = f"rnncore.torch.{type(self).__name__}"
-        if isinstance(input, torch.nn.utils.rnn.PackedSequence):
-            raise TypeError(
-                f"[{name}] PackedSequence input is not supported yet: pad the batch "
-                "(torch.nn.utils.rnn.pad_packed_sequence) or use torch.nn"
-            )
+        packed = input if isinstance(input, torch.nn.utils.rnn.PackedSequence) else None
+        lengths = None
+        if packed is not None:
+            # A packed batch is a padded one plus its lengths (docs/semantics.md): rnncore
+            # runs each row for its own length, and the output is packed as the input was.
+            input, lengths_t = torch.nn.utils.rnn.pad_packed_sequence(packed)
+            lengths = lengths_t.numpy().astype(np.int64)
+            if self.batch_first:
+                input = input.transpose(0, 1)
         if input.device.type != "cpu":
             raise TypeError(f"[{name}] input is on {input.device}; rnncore.torch takes CPU tensors")
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
@@ -188,7 +195,7 @@ class _Module:
         h0 = self._state("hx" if self._kind != "lstm" else "h_0", h0, N, unbatched, x.shape[0])
         c0 = self._state("c_0", c0, N, unbatched, x.shape[0])
 
-        spec = _Spec(self, self._kind)
+        spec = _Spec(self, self._kind, lengths)
         grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in [x, h0, c0, *self._flat_weights]
         )
@@ -203,13 +210,16 @@ class _Module:
             else:  # inference: no training state, no graph
                 out = _outputs(spec, _run(spec, args[0], args[1], args[2], p, False)[3])
             y, cells = out if self._kind == "lstm" else (out, None)
-            h_n += self._finals(y, D, H)
+            h_n += self._finals(y, D, H, lengths)
             if cells is not None:
-                c_n += self._finals(cells, D, H)
+                c_n += self._finals(cells, D, H, lengths)
             x = y
             if self.dropout and self.training and layer < L - 1:
                 x = torch.nn.functional.dropout(x, self.dropout, training=True)
-        output = x.squeeze(1) if unbatched else (x.transpose(0, 1) if self.batch_first else x)
+        if packed is not None:
+            output = self._pack_as(x, packed)
+        else:
+            output = x.squeeze(1) if unbatched else (x.transpose(0, 1) if self.batch_first else x)
         h_n = torch.stack(h_n)
         if unbatched:
             h_n = h_n.squeeze(1)
@@ -219,9 +229,27 @@ class _Module:
         return output, h_n
 
     @staticmethod
-    def _finals(y, D, H):
-        """The final state of each direction: y[T-1, :, :H], and y[0, :, H:] backwards."""
-        return [y[-1, :, :H]] + ([y[0, :, H:]] if D == 2 else [])
+    def _finals(y, D, H, lengths=None):
+        """The final state of each direction: y[T-1, :, :H] (each row's last step with
+        lengths), and y[0, :, H:] backwards."""
+        if lengths is None:
+            last = y[-1, :, :H]
+        else:  # packed rows have lengths >= 1 (torch refuses empty ones)
+            last = y[torch.from_numpy(lengths - 1), torch.arange(y.shape[1]), :H]
+        return [last] + ([y[0, :, H:]] if D == 2 else [])
+
+    @staticmethod
+    def _pack_as(y, packed):
+        """The padded time-major output y as a PackedSequence laid out as `packed`: step t
+        holds the batch_sizes[t] longest rows, in sorted_indices order."""
+        order = packed.sorted_indices
+        rows = order if order is not None else torch.arange(y.shape[1])
+        sizes = packed.batch_sizes.tolist()
+        t = torch.repeat_interleave(torch.arange(len(sizes)), packed.batch_sizes)
+        n = torch.cat([rows[:b] for b in sizes])
+        return torch.nn.utils.rnn.PackedSequence(
+            y[t, n], packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+        )
 
     def _state(self, arg, value, N, unbatched, T):
         if value is None:
