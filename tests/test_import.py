@@ -127,8 +127,8 @@ def test_from_keras_refuses(keras):
 # ---- ONNX ------------------------------------------------------------------------------------
 
 
-def onnx_model(  # noqa: E741
-    op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None, lens=None, **attrs
+def onnx_model(
+    op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None, lens=None, **attrs  # noqa: E741
 ):
     """A one-node model; `lens` None (no sequence_lens), "input" (a graph input) or an array
     (a graph initializer)."""
