@@ -128,7 +128,16 @@ def test_from_keras_refuses(keras):
 
 
 def onnx_model(
-    op, *, direction="forward", layout=0, H=5, I=3, bias=True, P=None, lens=None, **attrs  # noqa: E741
+    op,
+    *,
+    direction="forward",
+    layout=0,
+    H=5,
+    I=3,  # noqa: E741
+    bias=True,
+    P=None,
+    lens=None,
+    **attrs,
 ):
     """A one-node model; `lens` None (no sequence_lens), "input" (a graph input) or an array
     (a graph initializer)."""
