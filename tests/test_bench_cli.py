@@ -248,3 +248,14 @@ def test_layer_section():
         r"bidirectional LSTM .* rnncore\.torch\s+[0-9.]+ ms\s+[0-9.]+ vs torch\.nn", stdout
     )
     assert re.search(r"raw operations\s+[0-9.]+ ms\s+[0-9.]+ overhead of the module", stdout)
+
+
+def test_lengths_section():
+    """--lengths times rnncore with lengths beside rnncore padded, PyTorch's packed sequences
+    and ONNX Runtime's sequence_lens, after checking each against the float64 reference."""
+    code, stdout = run_bench(["-m", "rnncore", "bench"], "--lengths", "--quick")
+    assert code == 0, stdout
+    assert "FAILED" not in stdout
+    assert re.search(r"GRU  training  rnncore, lengths\s+[0-9.]+ ms\s+[0-9.]+ of \(sum L", stdout)
+    assert re.search(r"LSTM inference PyTorch, packed\s+[0-9.]+ ms\s+rnncore with lengths", stdout)
+    assert re.search(r"ONNX Runtime, sequence_lens\s+[0-9.]+ ms", stdout)

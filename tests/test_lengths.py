@@ -23,6 +23,9 @@ from util import devices_under_test
 import rnncore
 
 DEVICES = devices_under_test()
+# How the rows' steps are cut into backend calls: the library's choice, a call for every
+# distinct length (the longest chains), and one call (rows run on past their ends).
+SEGMENTS = {"default": None, "every-length": "0", "one-call": "1e12"}
 # Measured: float64 agrees to 1.0e-15, float32 on metal-emulated to 7.8e-7.
 TOL = {np.float64: 4e-15, np.float32: 3e-6}
 WEIGHTS = ("recurrent_weight", "input_weight", "bias", "peephole", "secondary_bias")
@@ -147,9 +150,16 @@ def options(kind, k):
     return opts
 
 
+@pytest.fixture(params=list(SEGMENTS))
+def segments(request, monkeypatch):
+    if SEGMENTS[request.param] is not None:
+        monkeypatch.setenv("RNNCORE_SEGMENT_COST", SEGMENTS[request.param])
+    return request.param
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind, flags, k", list(flag_cases(with_index=True)))
-def test_forward_and_gradients_equal_rows_alone(device, kind, flags, k):
+def test_forward_and_gradients_equal_rows_alone(device, kind, flags, k, segments):
     dtype = dtype_on(device)
     rng = np.random.default_rng(100 + k)
     T, N, H = 6, 5, 3  # noqa: N806
@@ -194,7 +204,7 @@ AWKWARD = {
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("case", list(AWKWARD))
 @pytest.mark.parametrize("kind", KINDS)
-def test_awkward_lengths(device, kind, case, bidirectional):
+def test_awkward_lengths(device, kind, case, bidirectional, segments):
     dtype = dtype_on(device)
     T, lengths = AWKWARD[case]  # noqa: N806
     lengths = np.array(lengths)

@@ -1,6 +1,7 @@
 #include "core/lengths.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -90,7 +91,10 @@ Schedule schedule(const int64_t* lengths, int64_t N, double call_cost) {
 // products, G·H·(H + I) multiply-adds). Measured on the CPU (H = 256): about 300 µs a
 // forward call at any T·N (the weights packed, threads woken), 50 row-steps; a gradient
 // call packs and writes more. Small layers pay the dispatch alone.
+// RNNCORE_SEGMENT_COST overrides it (tests: 0 puts a segment boundary at every length).
 double call_cost(const Problem& p, bool gradients) {
+  if (const char* forced = std::getenv("RNNCORE_SEGMENT_COST"); forced && *forced)
+    return std::atof(forced);
   const double row_step = static_cast<double>(p.gh()) * static_cast<double>(p.H + p.I);
   const double dispatch = 1.5e6, per_weight = 50;
   return (gradients ? 2 : 1) * (dispatch + per_weight * row_step) / row_step;
@@ -314,12 +318,13 @@ void state_at(const Schedule& s, const Direction& dir, const BackwardArrays& a, 
   }
 }
 
-// Adds g[i] ([rows, H], row stride g_row) into the step step_of(i) of each sorted row i
-// (none when negative) of a [steps, rows, H] segment array.
+// Adds g[i] ([count, H], row stride g_row) into the step step_of(i) of each sorted row
+// i < count (none when negative) of a [steps, rows, H] segment array.
 template <class S, class StepOf>
-void add_at(S* seg, int64_t rows, int64_t H, const S* g, int64_t g_row, StepOf step_of) {
+void add_at(S* seg, int64_t rows, int64_t count, int64_t H, const S* g, int64_t g_row,
+            StepOf step_of) {
   using E = Elem<S>;
-  for (int64_t i = 0; i < rows; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     const int64_t k = step_of(i);
     if (k < 0) continue;
     S* o = seg + (k * rows + i) * H;
@@ -392,12 +397,12 @@ void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, 
       return len <= s1 ? len - 1 - s0 : -1;
     };
     auto segment_end = [&](int64_t) { return steps - 1; };
-    if (dh_final) add_at<S>(dy.get(), rows, H, dhf.get(), H, last_here);
-    if (next_rows) add_at<S>(dy.get(), next_rows, H, g_h0[next].get(), H, segment_end);
+    if (dh_final) add_at<S>(dy.get(), rows, rows, H, dhf.get(), H, last_here);
+    if (next_rows) add_at<S>(dy.get(), rows, next_rows, H, g_h0[next].get(), H, segment_end);
     if (lstm) {  // the per-step cell-gradient form carries all three
       gather<S>(s, dir, s0, steps, rows, a.dc_steps, DH, d * H, H, false, dc.get());
-      if (dc_final) add_at<S>(dc.get(), rows, H, dcf.get(), H, last_here);
-      if (next_rows) add_at<S>(dc.get(), next_rows, H, g_c0[next].get(), H, segment_end);
+      if (dc_final) add_at<S>(dc.get(), rows, rows, H, dcf.get(), H, last_here);
+      if (next_rows) add_at<S>(dc.get(), rows, next_rows, H, g_c0[next].get(), H, segment_end);
     }
     if (j > 0) {
       state_at<S>(s, dir, a, s0 - 1, rows, h0.get());

@@ -143,6 +143,13 @@ def add_arguments(parser):
         "rnncore.torch / rnncore.mlx beside torch.nn / mlx.nn, and the modules' overhead over "
         "the raw operations",
     )
+    parser.add_argument(
+        "--lengths",
+        action="store_true",
+        help="the lengths section: GRU and LSTM over sequences of different lengths, rnncore "
+        "with sequence_lengths beside rnncore padded, PyTorch's packed sequences and ONNX "
+        "Runtime's sequence_lens",
+    )
     # Internal: one worker process (one thread count, or the loaded run) writing JSON.
     parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-loaded", action="store_true", help=argparse.SUPPRESS)
@@ -671,6 +678,13 @@ def run(args):
         rows = layers.run_layers(args.quick, measure, TIMING[timing_name], allowed)
         print(layers.table(rows))
         return 0
+    if args.lengths:
+        from . import lengths
+
+        allowed = allowed_other_cpu(usable_cpus())
+        rows, size = lengths.run_lengths(args.quick, measure, TIMING[timing_name], allowed)
+        print(lengths.table(rows, size))
+        return 1 if any(r[4] is None for r in rows) else 0
 
     configs = configs_of(args, device)
     if args.threads:
