@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/problem.hpp"
 #include "rnncore/device.hpp"
@@ -63,6 +64,12 @@ class Backend {
   virtual void admit(const Problem&, bool /*gradients*/) const {}
   // Memory the backend can compute on and the caller can read.
   virtual Tensor allocate(const Shape& shape, DType dtype) = 0;
+  // allocate() with every element zero.
+  virtual Tensor allocate_zeroed(const Shape& shape, DType dtype) {
+    Tensor t = allocate(shape, dtype);
+    if (t.nbytes() > 0) std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
+    return t;
+  }
   // One whole forward op (T, N and H all positive): writes every output array given.
   virtual void forward(const Problem& p, const ForwardArrays& a) = 0;
   // One whole gradient op (T, N and H all positive): writes every non-null output, each

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/activations.hpp"
+#include "cpu/thread_pool.hpp"
 #include "metal/emulator/half.hpp"
 
 namespace rnncore::detail {
@@ -152,6 +153,15 @@ struct Direction {
   }
 };
 
+// f(t0, t1) over [0, n) in blocks the pool's threads claim: the copies here are memory-bound
+// and page-fault into fresh outputs, which two cores do faster than one.
+template <class F>
+void blocks(int64_t n, int64_t bytes_per_item, F&& f) {
+  const int64_t chunks = std::min<int64_t>(n, std::max<int64_t>(1, n * bytes_per_item >> 18));
+  cpu::ThreadPool::instance().parallel_for(
+      chunks, [&](int64_t c) { f(n * c / chunks, n * (c + 1) / chunks); });
+}
+
 template <class S>
 S* data(Tensor& t) {
   return static_cast<S*>(t.data());
@@ -179,18 +189,20 @@ template <class S>
 void gather(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps, int64_t rows,
             const void* src, int64_t row, int64_t col, int64_t width, bool input_time, S* out) {
   const S* in = static_cast<const S*>(src);
-  for (int64_t k = 0; k < steps; ++k)
-    for (int64_t i = 0; i < rows; ++i) {
-      S* o = out + (k * rows + i) * width;
-      const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
-      if (!in || step >= len) {
-        std::memset(o, 0, static_cast<size_t>(width) * sizeof(S));
-        continue;
+  blocks(steps, rows * width * static_cast<int64_t>(sizeof(S)), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t i = 0; i < rows; ++i) {
+        S* o = out + (k * rows + i) * width;
+        const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
+        if (!in || step >= len) {
+          std::memset(o, 0, static_cast<size_t>(width) * sizeof(S));
+          continue;
+        }
+        const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
+        std::memcpy(o, in + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col,
+                    static_cast<size_t>(width) * sizeof(S));
       }
-      const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
-      std::memcpy(o, in + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col,
-                  static_cast<size_t>(width) * sizeof(S));
-    }
+  });
 }
 
 // The inverse: a segment's [steps, rows, width] output placed into `dst`, or added to it.
@@ -200,19 +212,21 @@ void scatter(const Schedule& s, const Direction& dir, int64_t s0, int64_t steps,
              bool add) {
   using E = Elem<S>;
   S* out = static_cast<S*>(dst);
-  for (int64_t k = 0; k < steps; ++k)
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
-      if (step >= len) continue;
-      const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
-      S* o = out + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col;
-      const S* v = in + (k * rows + i) * width;
-      if (!add) {
-        std::memcpy(o, v, static_cast<size_t>(width) * sizeof(S));
-      } else {
-        for (int64_t h = 0; h < width; ++h) o[h] = E::put(E::get(o[h]) + E::get(v[h]));
+  blocks(steps, rows * width * static_cast<int64_t>(sizeof(S)), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t step = s0 + k, len = s.len[static_cast<size_t>(i)];
+        if (step >= len) continue;
+        const int64_t tt = input_time ? dir.input_time(step, len) : dir.output_time(step, len);
+        S* o = out + (tt * dir.p.N + s.order[static_cast<size_t>(i)]) * row + col;
+        const S* v = in + (k * rows + i) * width;
+        if (!add) {
+          std::memcpy(o, v, static_cast<size_t>(width) * sizeof(S));
+        } else {
+          for (int64_t h = 0; h < width; ++h) o[h] = E::put(E::get(o[h]) + E::get(v[h]));
+        }
       }
-    }
+  });
 }
 
 // [rows, H]: this direction's columns of an [N, D*H] array for the sorted rows, into out.
@@ -467,17 +481,6 @@ void backward_direction(Backend& be, const Problem& p, const BackwardArrays& a, 
   initial(a.dc0, ran_c0, g_c0[0], dc_final);
 }
 
-// Zeros every position of an [T, N, row] output at or past its row's length.
-void zero_tails(void* out, int64_t row, const Problem& p, const int64_t* lengths) {
-  if (!out) return;
-  const int64_t es = dtype_size(p.dtype);
-  for (int64_t t = 0; t < p.T; ++t)
-    for (int64_t n = 0; n < p.N; ++n)
-      if (t >= lengths[n])
-        std::memset(static_cast<char*>(out) + (t * p.N + n) * row * es, 0,
-                    static_cast<size_t>(row * es));
-}
-
 template <class F>
 void with_storage(DType t, F&& f) {
   switch (t) {
@@ -491,9 +494,6 @@ void with_storage(DType t, F&& f) {
 
 void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
                           const int64_t* lengths) {
-  zero_tails(a.state, p.dh(), p, lengths);
-  zero_tails(a.cell, p.dh(), p, lengths);
-  zero_tails(a.z_state, p.D * p.ZG * p.H, p, lengths);
   const Schedule s = schedule(lengths, p.N, call_cost(p, false));
   with_storage(p.dtype, [&](auto tag) {
     using S = decltype(tag);
@@ -503,7 +503,6 @@ void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
 
 void backward_with_lengths(Backend& be, const Problem& p, const BackwardArrays& a,
                            const int64_t* lengths) {
-  zero_tails(a.dsource, p.I, p, lengths);
   const Schedule s = schedule(lengths, p.N, call_cost(p, true));
   with_storage(p.dtype, [&](auto tag) {
     using S = decltype(tag);

@@ -10,7 +10,8 @@
 
 namespace rnncore::detail {
 
-// Both write every output of `a` (the wrapper allocated them; zero-filled here first).
+// Both write every output of `a` (the wrapper allocated them zeroed: positions past a row's
+// length are not written).
 // lengths: [N], validated to lie in [0, T] and not all equal to T.
 void forward_with_lengths(Backend& be, const Problem& p, const ForwardArrays& a,
                           const int64_t* lengths);

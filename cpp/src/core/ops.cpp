@@ -184,16 +184,21 @@ Outputs run_forward(const In& given, const Desc& desc, Device device) {
   const Problem& p = call.p;
   Backend& be = call.be;
   const int64_t T = p.T, N = p.N, DH = p.dh();
+  const int64_t* lengths = short_rows(p, call.in.sequence_lengths);
+  // With lengths, every position past a row's length stays zero.
+  const auto alloc = [&](const Shape& shape) {
+    return lengths ? be.allocate_zeroed(shape, p.dtype) : be.allocate(shape, p.dtype);
+  };
   Outputs out;
-  out.state = be.allocate({T, N, DH}, p.dtype);
-  if (p.op == OpKind::Lstm && p.produce_cell) out.cell = be.allocate({T, N, DH}, p.dtype);
-  if (p.training) out.z_state = be.allocate({T, N, p.D * p.ZG * p.H}, p.dtype);
+  out.state = alloc({T, N, DH});
+  if (p.op == OpKind::Lstm && p.produce_cell) out.cell = alloc({T, N, DH});
+  if (p.training) out.z_state = alloc({T, N, p.D * p.ZG * p.H});
   if (empty_problem(p)) return out;  // every output is empty
   ForwardArrays a = arrays(call.in);
   a.state = out.state.data();
   a.cell = out.cell ? out.cell->data() : nullptr;
   a.z_state = out.z_state ? out.z_state->data() : nullptr;
-  if (const int64_t* lengths = short_rows(p, call.in.sequence_lengths))
+  if (lengths)
     forward_with_lengths(be, p, a, lengths);
   else
     be.forward(p, a);
@@ -218,7 +223,10 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     if (wanted) t = be.allocate(shape, p.dtype);
     return t ? t->data() : nullptr;
   };
-  g.source = be.allocate(call.in.source.shape, p.dtype);
+  const int64_t* lengths = short_rows(p, call.in.sequence_lengths);
+  // With lengths, the source gradient past each row's length stays zero.
+  g.source = lengths ? be.allocate_zeroed(call.in.source.shape, p.dtype)
+                     : be.allocate(call.in.source.shape, p.dtype);
   g.recurrent_weight = be.allocate(D == 2 ? Shape{2, GH, H} : Shape{GH, H}, p.dtype);
   a.dsource = g.source.data();
   a.dR = g.recurrent_weight.data();
@@ -244,7 +252,7 @@ GradOutputs run_backward(const In& given, const Desc& desc, Device device) {
     fill_zeros(*g.secondary_bias);
     a.db2 = nullptr;
   }
-  if (const int64_t* lengths = short_rows(p, call.in.sequence_lengths))
+  if (lengths)
     backward_with_lengths(be, p, a, lengths);
   else
     be.backward(p, a);

@@ -1,7 +1,9 @@
 #include "rnncore/tensor.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "rnncore/error.hpp"
 
@@ -38,28 +40,51 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+namespace {
+
+// Bytes of an array of `shape`, refusing counts 64-bit arithmetic cannot hold.
+size_t checked_bytes(const Shape& shape, DType dtype) {
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(shape_numel(shape), dtype_size(dtype), &bytes) ||
+      bytes > (int64_t(1) << 62))
+    throw OutOfMemoryError("an array of shape " + shape_to_string(shape) + " (" +
+                           dtype_name(dtype) + ") has too many bytes to allocate");
+  return static_cast<size_t>(bytes);
+}
+
+[[noreturn]] void out_of_memory(size_t bytes, const Shape& shape, DType dtype) {
+  throw OutOfMemoryError("could not allocate " + std::to_string(bytes) +
+                         " bytes for an array of shape " + shape_to_string(shape) + " (" +
+                         dtype_name(dtype) + ")");
+}
+
+}  // namespace
+
 Tensor Tensor::empty(Shape shape, DType dtype) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   // 64-byte alignment for vector loads; at least one byte so data() is never null.
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(t.numel(), dtype_size(dtype), &bytes) || bytes > (int64_t(1) << 62))
-    throw OutOfMemoryError("an array of shape " + shape_to_string(t.shape_) + " (" +
-                           dtype_name(dtype) + ") has too many bytes to allocate");
-  const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64 + 64 * (bytes == 0);
+  const size_t bytes = checked_bytes(t.shape_, dtype);
+  const size_t rounded = (bytes + 63) / 64 * 64 + 64 * (bytes == 0);
   void* p = std::aligned_alloc(64, rounded);
-  if (!p)
-    throw OutOfMemoryError("could not allocate " + std::to_string(bytes) +
-                           " bytes for an array of shape " + shape_to_string(t.shape_) + " (" +
-                           dtype_name(dtype) + ")");
+  if (!p) out_of_memory(bytes, t.shape_, dtype);
   t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   return t;
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {
-  Tensor t = empty(std::move(shape), dtype);
-  std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  // calloc: a large block comes from fresh pages the OS has zeroed, so pages the caller
+  // never writes are never touched. Over-allocated by 64 bytes for the alignment.
+  const size_t bytes = checked_bytes(t.shape_, dtype);
+  void* base = std::calloc(bytes + 64, 1);
+  if (!base) out_of_memory(bytes, t.shape_, dtype);
+  void* aligned =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(base) + 63) & ~uintptr_t(63));
+  t.storage_ = std::shared_ptr<void>(aligned, [base](void*) { std::free(base); });
   return t;
 }
 

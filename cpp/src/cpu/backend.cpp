@@ -353,6 +353,9 @@ class CpuBackend final : public detail::Backend {
   CpuBackend() { claim_blas_threads(); }
   const char* name() const override { return "cpu"; }
   Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
+  Tensor allocate_zeroed(const Shape& shape, DType dtype) override {
+    return Tensor::zeros(shape, dtype);  // fresh pages the OS zeroed: no pass over them
+  }
   void forward(const Problem& p, const detail::ForwardArrays& a) override { forward_op(p, a); }
   void backward(const Problem& p, const detail::BackwardArrays& a) override { backward_op(p, a); }
 };
