@@ -152,3 +152,29 @@ TEST(ZeroSizes, EmptyTimeAndBatch) {
 }
 
 }  // namespace
+
+TEST(SequenceLengths, ReverseRowsRunWithinTheirOwnLength) {
+  // T = 3, N = 2, H = 1, tanh, reverse; row 0 has length 2, row 1 length 3.
+  const std::vector<double> x = {0.5, 1.5, -1.0, -0.5, 2.0, 0.25};  // [t][n]
+  const double w = 0.7, r = -0.4;
+  rnncore::RNNInputs in;
+  in.source = TensorView(x.data(), {3, 2, 1});
+  in.recurrent_weight = TensorView(&r, {1, 1});
+  in.input_weight = TensorView(&w, {1, 1});
+  in.sequence_lengths = std::vector<int64_t>{2, 3};
+  rnncore::RNNDescriptor d;
+  d.activation = Activation::Tanh;
+  d.reverse = true;
+  const auto out = rnncore::single_gate_rnn(in, d, rnncore::Device::Cpu);
+  const int64_t lengths[] = {2, 3};
+  for (int64_t n = 0; n < 2; ++n) {
+    double h = 0;
+    for (int64_t s = 0; s < 3; ++s) {  // outputs in processing order, zero past the length
+      const double want =
+          s < lengths[n] ? (h = std::tanh(w * x[(lengths[n] - 1 - s) * 2 + n] + r * h)) : 0.0;
+      EXPECT_NEAR(out.state.ptr<double>()[s * 2 + n], want, 1e-14) << "n " << n << " s " << s;
+    }
+  }
+  in.sequence_lengths = std::vector<int64_t>{2, 4};
+  EXPECT_THROW(rnncore::single_gate_rnn(in, d, rnncore::Device::Cpu), rnncore::ValueError);
+}
