@@ -557,3 +557,43 @@ def test_layer_lengths_errors():
     with pytest.raises(TypeError, match=r"\[rnncore.nn.GRU\] lengths must hold integers"):
         layer(x, lengths=[1.0, 2.0])
     assert layer(x[0], lengths=3).shape == (5, 4)  # unbatched: one length
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_float16_storage_with_lengths(device, kind):
+    """float16 storage with lengths (Metal devices) agrees with float32 to float16's
+    precision, forward and gradients."""
+    rng = np.random.default_rng(9)
+    T, N, H = 6, 4, 8  # noqa: N806
+    lengths = np.array([3, 6, 0, 2])
+    inputs = make_inputs(
+        rng,
+        kind,
+        T=T,
+        N=N,
+        H=H,
+        I=5,
+        bidirectional=True,
+        bias=True,
+        init_state=True,
+        dtype=np.float32,
+    )
+    descriptor = full_descriptor(kind, bidirectional=True)
+    cot = make_cotangents(
+        rng, kind, T=T, N=N, H=H, bidirectional=True, dtype=np.float32, state_gradient=True
+    )
+    results = []
+    for dtype in (np.float32, np.float16):
+        inp = {k: v.astype(dtype) for k, v in inputs.items()}
+        c = {k: v.astype(dtype) for k, v in cot.items()}
+        g, f = run_gradients(
+            rnncore, kind, inp, descriptor, c, device=device, sequence_lengths=lengths
+        )
+        assert f.state.dtype == np.dtype(dtype) and g.source.dtype == np.dtype(dtype)
+        results.append((f, g))
+    (f32, g32), (f16, g16) = results
+    assert rel(f16.state, f32.state) < 1e-2
+    for field in g32._fields:
+        if getattr(g32, field) is not None:
+            assert rel(getattr(g16, field), getattr(g32, field)) < 1e-2, field
