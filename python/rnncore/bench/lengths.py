@@ -163,33 +163,41 @@ class Case:
         return max(errors)
 
 
-def run_lengths(quick, measure, timing, allowed):
-    """Rows (case, kind, mode, implementation, seconds, note) of the lengths section."""
+def run_lengths(quick, measure, timing, allowed, rounds=None):
+    """Rows (case, kind, mode, implementation, seconds, note) of the lengths section. Each
+    implementation is timed in `rounds` alternating rounds (3; 1 with quick): a time is the
+    median over the rounds, a ratio the median of the rounds' ratios, so that a machine
+    whose speed drifts during the run moves both sides of a ratio alike."""
     T, N, H = QUICK_SIZE if quick else SIZE  # noqa: N806
+    rounds = rounds or (1 if quick else 3)
     rows = []
     for case_name, lengths in cases(T, N):
         for kind in ("gru", "lstm"):
             case = Case(kind, T, N, H, lengths)
             for mode in ("inference", "training"):
-                times = {}
+                impls = []
                 for name, run, result in case.implementations(mode):
-                    if result is not None:
-                        err = case.check(result)
-                        if err > TOL:
-                            rows.append(
-                                (case_name, kind, mode, name, None, f"FAILED check {err:.1e}")
-                            )
-                            continue
-                    times[name] = measure(run, timing, allowed)["median_s"]
-                ours, padded = times.get("rnncore, lengths"), times.get("rnncore, padded")
-                for name, t in times.items():
+                    err = case.check(result) if result is not None else 0.0
+                    if err > TOL:
+                        rows.append((case_name, kind, mode, name, None, f"FAILED check {err:.1e}"))
+                    else:
+                        impls.append((name, run))
+                times = {name: [] for name, _ in impls}
+                for _ in range(rounds):
+                    for name, run in impls:
+                        times[name].append(measure(run, timing, allowed)["median_s"])
+                ours = times.get("rnncore, lengths")
+                padded = times.get("rnncore, padded")
+                for name, ts in times.items():
                     note = ""
                     if name == "rnncore, lengths" and padded:
-                        target = case.fraction() * padded
-                        note = f"{t / target:.2f} of (sum L / N·T = {case.fraction():.2f}) × padded"
+                        f = case.fraction()
+                        ratio = np.median([a / (f * b) for a, b in zip(ts, padded)])
+                        note = f"{ratio:.2f} of (sum L / N·T = {f:.2f}) × padded"
                     elif name not in ("rnncore, lengths", "rnncore, padded") and ours:
-                        note = f"rnncore with lengths takes {ours / t:.2f} of this"
-                    rows.append((case_name, kind, mode, name, t, note))
+                        ratio = np.median([a / b for a, b in zip(ours, ts)])
+                        note = f"rnncore with lengths takes {ratio:.2f} of this"
+                    rows.append((case_name, kind, mode, name, float(np.median(ts)), note))
     return rows, (T, N, H)
 
 
