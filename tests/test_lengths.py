@@ -275,7 +275,7 @@ def with_training(flags):
 
 def gru_inputs(T=4, N=3):  # noqa: N803
     rng = np.random.default_rng(0)
-    return make_inputs(rng, "gru", T=T, N=N, H=2, I=3)
+    return make_inputs(rng, "gru", T=T, N=N, H=2, I=3, dtype=np.float32)
 
 
 @pytest.mark.parametrize(

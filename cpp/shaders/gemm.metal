@@ -3,14 +3,15 @@
 // gradient time loop dsource = dX' W, dW = dX'^T x, dR = delta^T h~, the bias, secondary-bias
 // and peephole gradients as column sums, plus R^T for the backward step kernels.
 //
-// gemm_f32: a threadgroup of 16 x 16 threads computes a 64 x 64 tile of C, 4 x 4 outputs
-// per thread strided by 16 (neighbouring threads write neighbouring columns); K moves
-// through threadgroup memory 16 at a time (8 KiB). Operands are strided, so transposes
-// cost nothing but coalescing: tiles are staged along whichever index is contiguous.
-// Each staged element is reused 64 times: 2*64*64*16 FLOPs per 8 KiB loaded.
-// Input projection, T=100, N=32, I=256, 3H=768: 1.26 GFLOP, ~0.5-0.8 ms on an M2-class GPU
-// at the 40-60% of peak a simple tiled kernel reaches; its 14 MB of traffic take ~0.15 ms.
-// Weight gradients of the same layer (dW, dR: 2 x 1.26 GFLOP, dsource 1.26 GFLOP): ~2 ms.
+// gemm: a threadgroup of 256 threads (8 simdgroups) computes a 64 x 64 tile of C; K moves
+// through threadgroup memory 16 at a time, staged as float along whichever index is
+// contiguous (operands are strided, so transposes cost nothing but coalescing) and
+// zero-padded past the edges. Each simdgroup multiplies 8 x 8 simdgroup matrices
+// (simdgroup_float8x8) for a 32 x 16 block of the tile: 4 x 2 accumulators, each A fragment
+// used twice and each B fragment four times per 8-wide step of K. The tile then goes
+// through threadgroup memory (16 KiB) so that the edges, the bias and the output type are
+// handled per element.
+// Input projection, T=100, N=32, I=256, 3H=768: 1.26 GFLOP.
 #include "common.h"
 
 template <typename TA, typename TB, typename TC>
@@ -19,19 +20,21 @@ kernel void gemm(device const TA* a [[buffer(GB_A)]],
                  device const TB* bias [[buffer(GB_BIAS), function_constant(has_bias)]],
                  device TC* c [[buffer(GB_C)]], constant GemmParams& p [[buffer(GB_PARAMS)]],
                  THREADGROUP_BUFFER(float, tiles, 0), uint3 tgid [[threadgroup_position_in_grid]],
-                 uint tid [[thread_index_in_threadgroup]]) {
-  const int tx = int(tid) % 16, ty = int(tid) / 16;
+                 uint tid [[thread_index_in_threadgroup]],
+                 uint sg [[simdgroup_index_in_threadgroup]]) {
   const int m0 = int(tgid.y) * GEMM_TILE_M, n0 = int(tgid.x) * GEMM_TILE_N;
   a += int(tgid.z) * p.a_zs;
   c += int(tgid.z) * p.c_zs;
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  threadgroup float* cs = tiles;  // [TILE_M][TILE_N], after the K loop
 
   if (has_weight) {
     device const TB* bz = b + int(tgid.z) * p.b_zs;
-    threadgroup float* as = tiles;                              // [TILE_K][TILE_M]
-    threadgroup float* bs = tiles + GEMM_TILE_K * GEMM_TILE_M;  // [TILE_K][TILE_N]
+    threadgroup float* as = tiles;                               // [TILE_K][TILE_M]
+    threadgroup float* bs = tiles + GEMM_TILE_K * GEMM_TILE_M;   // [TILE_K][TILE_N]
+    const int sm = 32 * (int(sg) / 4), sn = 16 * (int(sg) % 4);  // this simdgroup's block
+    simdgroup_float8x8 acc[4][2];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     // Stage along the contiguous index so that neighbouring threads read neighbouring words.
     const bool a_k_major = p.a_cs == 1, b_k_major = p.b_rs == 1;
     for (int k0 = 0; k0 < p.K; k0 += GEMM_TILE_K) {
@@ -47,28 +50,32 @@ kernel void gemm(device const TA* a [[buffer(GB_A)]],
             n < p.N && kb < p.K ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      for (int k = 0; k < GEMM_TILE_K; ++k) {
-        float av[4], bv[4];
-        for (int i = 0; i < 4; ++i) av[i] = as[k * GEMM_TILE_M + ty + 16 * i];
-        for (int j = 0; j < 4; ++j) bv[j] = bs[k * GEMM_TILE_N + tx + 16 * j];
+      for (int k = 0; k < GEMM_TILE_K; k += 8) {
+        simdgroup_float8x8 af[4], bf[2];
+        // as is [k][m]: its transpose is A's (m, k) fragment.
         for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+          simdgroup_load(af[i], as + k * GEMM_TILE_M + sm + 8 * i, GEMM_TILE_M, 0, true);
+        for (int j = 0; j < 2; ++j)
+          simdgroup_load(bf[j], bs + k * GEMM_TILE_N + sn + 8 * j, GEMM_TILE_N);
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 2; ++j)
+            simdgroup_multiply_accumulate(acc[i][j], af[i], bf[j], acc[i][j]);
       }
-      // The next iteration overwrites tiles that other threads may still be reading.
+      // The next iteration (or the tile below) overwrites what other simdgroups may still read.
       threadgroup_barrier(mem_flags::mem_threadgroup);
     }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 2; ++j)
+        simdgroup_store(acc[i][j], cs + (sm + 8 * i) * GEMM_TILE_N + sn + 8 * j, GEMM_TILE_N);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
   }
 
-  for (int i = 0; i < 4; ++i) {
-    const int m = m0 + ty + 16 * i;
-    if (m >= p.M) continue;
-    for (int j = 0; j < 4; ++j) {
-      const int n = n0 + tx + 16 * j;
-      if (n >= p.N) continue;
-      float v = has_weight ? acc[i][j] : float(a[m * p.a_rs + n * p.a_cs]);
-      if (has_bias) v += float(bias[n]);
-      c[m * p.ldc + n] = TC(v);
-    }
+  for (int e = int(tid); e < GEMM_TILE_M * GEMM_TILE_N; e += GEMM_THREADS) {
+    const int m = m0 + e / GEMM_TILE_N, n = n0 + e % GEMM_TILE_N;
+    if (m >= p.M || n >= p.N) continue;
+    float v = has_weight ? cs[e] : float(a[m * p.a_rs + n * p.a_cs]);
+    if (has_bias) v += float(bias[n]);
+    c[m * p.ldc + n] = TC(v);
   }
 }
 

@@ -63,7 +63,7 @@ enum KernelSizes : int32_t {
   GEMM_TILE_M = 64,  // output rows per threadgroup
   GEMM_TILE_N = 64,  // output columns per threadgroup
   GEMM_TILE_K = 16,
-  GEMM_THREADS = 256,   // 16 x 16 threads, 4 x 4 outputs each
+  GEMM_THREADS = 256,   // 8 simdgroups, each a 32 x 16 block of 8 x 8 simdgroup matrices
   STEP_SIMDGROUPS = 4,  // hidden units per step threadgroup (one per simdgroup)
   STEP_MAX_BATCH_TILE = 8,
 };

@@ -119,3 +119,29 @@ kernel void selftest_large_frame(SELFTEST_PARAMS) {
   for (uint i = 0; i < 512; ++i) big[i] = data[tid] + float(i);
   data[tid] = big[(tid * 37) % 512] - float((tid * 37) % 512);
 }
+
+// Simdgroup matrices over data = [A 8x8 | B 8x8 | C | At | W 8x16], row-major: C = A Bt + 1
+// (B loaded transposed), At = A stored transposed, and A stored into W at column 8.
+kernel void selftest_simdgroup_matrix(SELFTEST_PARAMS) {
+  simdgroup_float8x8 a, b, c = make_filled_simdgroup_matrix<float, 8, 8>(1.0f);
+  simdgroup_load(a, data);
+  simdgroup_load(b, data + 64, 8, ulong2(0, 0), true);
+  simdgroup_multiply_accumulate(c, a, b, c);
+  simdgroup_store(c, data + 128);
+  simdgroup_store(a, data + 192, 8, 0, true);
+  simdgroup_store(a, data + 256, 16, ulong2(8, 0));
+}
+
+// Half the lanes load a matrix: undefined on the GPU.
+kernel void selftest_simdgroup_matrix_divergent(SELFTEST_PARAMS) {
+  simdgroup_float8x8 a;
+  if (lane < 16) simdgroup_load(a, data);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// Every lane loads from another address: undefined on the GPU.
+kernel void selftest_simdgroup_matrix_nonuniform(SELFTEST_PARAMS) {
+  simdgroup_float8x8 a;
+  simdgroup_load(a, data + lane);
+  simdgroup_store(a, data + 64);
+}

@@ -347,3 +347,39 @@ TEST(EmulatorHalf, RoundsToNearestEven) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(EmulatorSimdgroupMatrix, LoadStoreTransposeOriginAndProduct) {
+  std::vector<float> v(384, -7.0f);
+  for (int i = 0; i < 128; ++i) v[size_t(i)] = float((i * 37) % 19) - 9.0f;  // A, B
+  std::vector<float> in = v;
+  run("selftest_simdgroup_matrix", v);
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) {
+      float acc = 1.0f;  // C = A Bt + 1, k in order
+      for (int k = 0; k < 8; ++k)
+        acc = std::fma(in[size_t(r * 8 + k)], in[size_t(64 + c * 8 + k)], acc);
+      EXPECT_EQ(v[size_t(128 + r * 8 + c)], acc) << r << "," << c;
+      EXPECT_EQ(v[size_t(192 + c * 8 + r)], in[size_t(r * 8 + c)]);       // At
+      EXPECT_EQ(v[size_t(256 + r * 16 + 8 + c)], in[size_t(r * 8 + c)]);  // W[:, 8:16] = A
+      EXPECT_EQ(v[size_t(256 + r * 16 + c)], -7.0f);                      // W[:, 0:8] untouched
+    }
+}
+
+TEST(EmulatorSimdgroupMatrix, MisuseRaises) {
+  std::vector<float> v = iota(384);
+  std::string m = error_of(selftest("selftest_simdgroup_matrix_divergent", v), v);
+  EXPECT_TRUE(contains(m, "divergent")) << m;
+  v = iota(384);
+  m = error_of(selftest("selftest_simdgroup_matrix_nonuniform", v), v);
+  EXPECT_TRUE(contains(m, "arguments that differ between lanes")) << m;
+  // A simdgroup of 16 lanes: the matrix needs all 32.
+  v = iota(384);
+  Dispatch d = selftest("selftest_simdgroup_matrix", v);
+  d.threads = {16, 1, 1};
+  m = error_of(d, v);
+  EXPECT_TRUE(contains(m, "inactive lanes")) << m;
+}
+
+}  // namespace

@@ -81,7 +81,7 @@ TEST(Plan, LargeBidirectionalLstm) {
   const Dispatch& proj = plan.dispatches[0];
   EXPECT_EQ(proj.threadgroups.x, uint64_t(2 * 4 * 1024 / 64));
   EXPECT_EQ(proj.threadgroups.y, uint64_t(50 * 128 / 64));
-  EXPECT_EQ(proj.threadgroup_memory, uint32_t((64 + 64) * 16 * 4));
+  EXPECT_EQ(proj.threadgroup_memory, uint32_t(64 * 64 * 4));  // the C tile outgrows the K slices
   EXPECT_LE(proj.threadgroup_memory, Limits::max_threadgroup_memory);
   const Dispatch& s = plan.dispatches[7];
   EXPECT_EQ(s.kernel, "lstm_step_b8_f32");

@@ -124,6 +124,45 @@ template <class T>
 T simd_shuffle_up(T value, ushort delta);
 template <class T>
 T simd_shuffle_xor(T value, ushort mask);
+
+// Simdgroup matrices (MSL 2.3): an 8 x 8 matrix held by a whole simdgroup.
+using ulong = unsigned long;
+struct ulong2 {
+  ulong x, y;
+  constexpr ulong2(ulong v = 0) : x(v), y(v) {}
+  constexpr ulong2(ulong a, ulong b) : x(a), y(b) {}
+};
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+  simdgroup_matrix() = default;
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+template <class T, int C, int R>
+simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value);
+template <class T, int C, int R>
+void simdgroup_load(thread simdgroup_matrix<T, C, R>& d, const threadgroup T* src,
+                    ulong elements_per_row = C, ulong2 matrix_origin = 0,
+                    bool transpose_matrix = false);
+template <class T, int C, int R>
+void simdgroup_load(thread simdgroup_matrix<T, C, R>& d, const device T* src,
+                    ulong elements_per_row = C, ulong2 matrix_origin = 0,
+                    bool transpose_matrix = false);
+template <class T, int C, int R>
+void simdgroup_store(thread simdgroup_matrix<T, C, R> a, threadgroup T* dst,
+                     ulong elements_per_row = C, ulong2 matrix_origin = 0,
+                     bool transpose_matrix = false);
+template <class T, int C, int R>
+void simdgroup_store(thread simdgroup_matrix<T, C, R> a, device T* dst, ulong elements_per_row = C,
+                     ulong2 matrix_origin = 0, bool transpose_matrix = false);
+template <class T, int C, int R, int K>
+void simdgroup_multiply_accumulate(thread simdgroup_matrix<T, C, R>& d,
+                                   thread simdgroup_matrix<T, K, R>& a,
+                                   thread simdgroup_matrix<T, C, K>& b,
+                                   thread simdgroup_matrix<T, C, R>& c);
+template <class T, int C, int R, int K>
+void simdgroup_multiply(thread simdgroup_matrix<T, C, R>& d, thread simdgroup_matrix<T, K, R>& a,
+                        thread simdgroup_matrix<T, C, K>& b);
 }  // namespace metal
 
 using namespace metal;

@@ -3,6 +3,7 @@
 // by name.
 #include "metal/plan.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -168,7 +169,10 @@ Dispatch gemm(const Plan& plan, Operand a, Operand b, Operand bias, Operand c,
     d.buffers.push_back({k::GB_BIAS, bias.buffer, byte_offset(plan, bias.buffer, bias.elements)});
   d.buffers.push_back({k::GB_C, c.buffer, byte_offset(plan, c.buffer, c.elements)});
   d.bytes.push_back(bytes_of(k::GB_PARAMS, g));
-  d.threadgroup_memory = (k::GEMM_TILE_M + k::GEMM_TILE_N) * k::GEMM_TILE_K * kF32;
+  // The staged K slices of A and B, then the C tile.
+  d.threadgroup_memory =
+      std::max(k::GEMM_TILE_M + k::GEMM_TILE_N, k::GEMM_TILE_M * k::GEMM_TILE_N / k::GEMM_TILE_K) *
+      k::GEMM_TILE_K * kF32;
   d.threadgroups = {ceil_div(g.N, k::GEMM_TILE_N), ceil_div(g.M, k::GEMM_TILE_M), batches};
   d.threads = {k::GEMM_THREADS, 1, 1};
   return d;
