@@ -402,7 +402,7 @@ def fake_metal(standin, clang):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["run", "nil-default", "no-gpu", "not-apple-silicon", "simd-width"]
+    "scenario", ["run", "steps", "nil-default", "no-gpu", "not-apple-silicon", "simd-width"]
 )
 def test_executor_on_fake_metal(fake_metal, scenario):
     """The executor as shipped, run against a fake Objective-C runtime and Metal:

@@ -176,8 +176,8 @@ MUTATIONS = {
         r"newFunction|cannot initialize",
     ),
     "const_encoder": (
-        "MTL::ComputeCommandEncoder* encoder = commands->computeCommandEncoder();",
-        "const MTL::ComputeCommandEncoder* encoder = commands->computeCommandEncoder();",
+        "void encode(MTL::ComputeCommandEncoder* encoder,",
+        "void encode(const MTL::ComputeCommandEncoder* encoder,",
         "encoder->setComputePipelineState(",
         r"not marked const|discards qualifiers",
     ),

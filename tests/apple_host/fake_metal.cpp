@@ -215,14 +215,14 @@ struct Data : Object {
 
 // What the executor did.
 struct SetBuffer {
-  Buffer* buffer;
+  Buffer* buffer;  // null: setBufferOffset (the buffer bound before at the index)
   UInteger offset, index;
 };
 struct Log {
   std::vector<Buffer*> buffers;  // every buffer created (kept alive for inspection)
   std::vector<SetBuffer> bindings;
   std::vector<std::string> functions;
-  int dispatches = 0;
+  int dispatches = 0, pipelines_set = 0, commits = 0, waits = 0, encoders = 0;
   bool ended = false, committed = false, waited = false;
   size_t library_bytes = 0;
   std::string device_used;
@@ -317,16 +317,29 @@ UInteger pipeline_width(Pipeline* self, SEL) { return self->width; }
 UInteger pipeline_max_threads(Pipeline*, SEL) { return 1024; }
 UInteger pipeline_static_memory(Pipeline*, SEL) { return 0; }
 Object* command_buffer(Object*, SEL) { return make<Object>("MTLCommandBuffer"); }
-Object* compute_encoder(Object*, SEL) { return make<Object>("MTLComputeCommandEncoder"); }
-void commit(Object*, SEL) { record.committed = true; }
-void wait(Object*, SEL) { record.waited = true; }
+Object* compute_encoder(Object*, SEL) {
+  ++record.encoders;
+  return make<Object>("MTLComputeCommandEncoder");
+}
+void commit(Object*, SEL) {
+  record.committed = true;
+  ++record.commits;
+}
+void wait(Object*, SEL) {
+  record.waited = true;
+  ++record.waits;
+}
 UInteger status(Object*, SEL) { return 4; }  // Completed
 Object* no_error(Object*, SEL) { return nullptr; }
 void set_pipeline(Object*, SEL, Pipeline* p) {
   if (!p) std::abort();
+  ++record.pipelines_set;
 }
 void set_buffer(Object*, SEL, Buffer* b, UInteger offset, UInteger index) {
   record.bindings.push_back({b, offset, index});
+}
+void set_buffer_offset(Object*, SEL, UInteger offset, UInteger index) {
+  record.bindings.push_back({nullptr, offset, index});
 }
 void set_bytes(Object*, SEL, const void* p, UInteger length, UInteger) {
   if (!p || length == 0 || length > 4096) std::abort();
@@ -394,6 +407,7 @@ std::map<std::string, FakeClass>& classes() {
     add("MTLComputeCommandEncoder",
         {{"setComputePipelineState:", imp(set_pipeline)},
          {"setBuffer:offset:atIndex:", imp(set_buffer)},
+         {"setBufferOffset:atIndex:", imp(set_buffer_offset)},
          {"setBytes:length:atIndex:", imp(set_bytes)},
          {"setThreadgroupMemoryLength:atIndex:", imp(set_tg_memory)},
          {"dispatchThreadgroups:threadsPerThreadgroup:", imp(dispatch_threadgroups)},
@@ -551,6 +565,38 @@ int scenario_run() {
   return failures;
 }
 
+// A plan of 150 steps, as a forward op's: one kernel and constants, the same buffers, the
+// state buffer at a moving offset.
+int scenario_steps() {
+  m::Executor& ex = m::apple_executor();
+  const int64_t big = 64 * 1024 * 4;
+  rnncore::Tensor out = ex.allocate({big / 4}, rnncore::DType::Float32);
+  m::Plan plan = plan_with({{m::Buffer::RecurrentWeight, 1024}, {m::Buffer::State, big}});
+  const m::Dispatch step = plan.dispatches[0];
+  plan.dispatches.clear();
+  for (int s = 0; s < 150; ++s) {
+    m::Dispatch d = step;
+    d.buffers[1].offset = 1024 * s;  // this step's state
+    plan.dispatches.push_back(d);
+  }
+  std::vector<float> r(256, 1.0f);
+  m::HostArrays arrays{};
+  arrays[static_cast<int>(m::Buffer::RecurrentWeight)] = r.data();
+  arrays[static_cast<int>(m::Buffer::State)] = out.data();
+  ex.run(plan, arrays);
+  expect(record.dispatches == 150, "encodes every step");
+  expect(record.commits == 3 && record.encoders == 3,
+         "three command buffers of at most 64 dispatches, each committed");
+  expect(record.waits == 1, "waits once, for the last command buffer");
+  expect(record.functions.size() == 1, "one pipeline");
+  expect(record.pipelines_set == 3, "the pipeline is set once per encoder");
+  int full = 0, moved = 0;
+  for (const SetBuffer& s : record.bindings) (s.buffer ? full : moved) += 1;
+  expect(full == 2 * 3, "each buffer is bound once per encoder");
+  expect(moved == 150 - 3, "the moving state offset is set by setBufferOffset at the other steps");
+  return failures;
+}
+
 int scenario_nil_default() {
   expect(m::apple_gpu_available(), "a GPU is found when MTLCreateSystemDefaultDevice() is nil");
   m::apple_executor();
@@ -591,6 +637,10 @@ int run_scenario(const std::string& scenario) {
     the_default = device("Apple M2 (fake)", true);
     return scenario_run();
   }
+  if (scenario == "steps") {
+    the_default = device("Apple M2 (fake)", true);
+    return scenario_steps();
+  }
   if (scenario == "nil-default") {
     all_devices = {device("AMD Radeon Pro 5500M (fake)", false), device("Apple M1 (fake)", true)};
     return scenario_nil_default();
@@ -605,7 +655,8 @@ int run_scenario(const std::string& scenario) {
     the_default = device("Apple M9 (fake, 64-wide)", true, 64);
     return scenario_simd_width();
   }
-  std::fprintf(stderr, "usage: fake_metal run|nil-default|no-gpu|not-apple-silicon|simd-width\n");
+  std::fprintf(stderr,
+               "usage: fake_metal run|steps|nil-default|no-gpu|not-apple-silicon|simd-width\n");
   return 2;
 }
 

@@ -194,50 +194,108 @@ class AppleExecutor final : public Executor {
         bound[i] = bind(static_cast<Buffer>(i), static_cast<uint64_t>(size), element_size(plan, i),
                         arrays[i], plan.writes[i]);
     }
+    // A plan's steps repeat one kernel with the same constants: its pipeline is looked up
+    // (key built, cache locked) once per run of equal dispatches, not once per step.
     std::vector<MTL::ComputePipelineState*> pipelines;
     pipelines.reserve(plan.dispatches.size());
-    for (const Dispatch& d : plan.dispatches) {
-      MTL::ComputePipelineState* pipeline = pipeline_for(d);
-      check_dispatch(d, pipeline);
+    for (size_t k = 0; k < plan.dispatches.size(); ++k) {
+      const Dispatch& d = plan.dispatches[k];
+      const bool same = k > 0 && d.kernel == plan.dispatches[k - 1].kernel &&
+                        same_constants(d, plan.dispatches[k - 1]);
+      MTL::ComputePipelineState* pipeline = same ? pipelines.back() : pipeline_for(d);
+      if (!same) check_dispatch(d, pipeline);
       check_offsets(plan, d, bound);
       pipelines.push_back(pipeline);
     }
 
-    MTL::CommandBuffer* commands = queue_->commandBuffer();  // autoreleased
-    if (!commands) throw DeviceError("[metal] could not create a Metal command buffer");
-    // The default (serial) encoder orders the dispatches: each step reads the last one's
-    // output.
-    MTL::ComputeCommandEncoder* encoder = commands->computeCommandEncoder();
-    if (!encoder) throw DeviceError("[metal] could not create a Metal compute encoder");
+    // Command buffers of kDispatchesPerCommandBuffer dispatches, each committed as soon as
+    // it is encoded: the GPU starts on the first while the CPU encodes the rest, and no one
+    // command buffer runs long enough for the GPU watchdog. One queue runs them in order.
+    std::vector<MTL::CommandBuffer*> committed;
+    MTL::CommandBuffer* commands = nullptr;
+    MTL::ComputeCommandEncoder* encoder = nullptr;
+    Encoded state;
     for (size_t k = 0; k < plan.dispatches.size(); ++k) {
-      const Dispatch& d = plan.dispatches[k];
-      encoder->setComputePipelineState(pipelines[k]);
-      for (const Binding& b : d.buffers) {
-        // An empty array (size 0) is bound but never read: the placeholder stands in at offset
-        // 0 (an offset into an empty array may exceed the placeholder's length), whatever
-        // (non-null dummy) pointer the caller gave for it.
-        const Bound& x = bound[static_cast<int>(b.buffer)];
-        if (x.buffer)
-          encoder->setBuffer(x.buffer.get(), x.offset + static_cast<uint64_t>(b.offset), b.index);
-        else
-          encoder->setBuffer(placeholder_.get(), 0, b.index);
+      if (!encoder) {
+        commands = queue_->commandBuffer();  // autoreleased
+        if (!commands) throw DeviceError("[metal] could not create a Metal command buffer");
+        // The default (serial) encoder orders the dispatches: each step reads the last one's
+        // output.
+        encoder = commands->computeCommandEncoder();
+        if (!encoder) throw DeviceError("[metal] could not create a Metal compute encoder");
+        state = Encoded();
       }
-      for (const BytesArg& a : d.bytes) encoder->setBytes(a.data.data(), a.data.size(), a.index);
-      if (d.threadgroup_memory > 0)
-        encoder->setThreadgroupMemoryLength(threadgroup_length(d.threadgroup_memory), 0);
-      encoder->dispatchThreadgroups(MTL::Size(d.threadgroups.x, d.threadgroups.y, d.threadgroups.z),
-                                    MTL::Size(d.threads.x, d.threads.y, d.threads.z));
+      encode(encoder, plan.dispatches[k], pipelines[k], bound, state);
+      if ((k + 1) % kDispatchesPerCommandBuffer == 0 || k + 1 == plan.dispatches.size()) {
+        encoder->endEncoding();
+        commands->commit();
+        committed.push_back(commands);
+        encoder = nullptr;
+      }
     }
-    encoder->endEncoding();
-    commands->commit();
-    commands->waitUntilCompleted();
-    if (commands->status() == MTL::CommandBufferStatusError)
-      throw DeviceError("[metal] the GPU failed to run '" + plan.dispatches.front().kernel +
-                        "': " + describe(commands->error()));
+    committed.back()->waitUntilCompleted();  // the last one ends after all the others
+    for (MTL::CommandBuffer* c : committed)
+      if (c->status() == MTL::CommandBufferStatusError)
+        throw DeviceError("[metal] the GPU failed to run '" + plan.dispatches.front().kernel +
+                          "': " + describe(c->error()));
     // `bound` releases the call's workspace, wrapped and copied buffers on the way out.
   }
 
  private:
+  // Dispatches per command buffer (MLX commits every few dozen operations).
+  static constexpr size_t kDispatchesPerCommandBuffer = 64;
+
+  // What the open encoder has set, so that a step re-sets only what changed: a buffer
+  // already bound at an index moves by setBufferOffset, the pipeline and the threadgroup
+  // memory length are set when they differ.
+  struct Encoded {
+    std::array<std::pair<const MTL::Buffer*, uint64_t>, 32> at{};
+    MTL::ComputePipelineState* pipeline = nullptr;
+    uint64_t threadgroup_memory = 0;
+  };
+
+  static bool same_constants(const Dispatch& a, const Dispatch& b) {
+    if (a.constants.size() != b.constants.size()) return false;
+    for (size_t k = 0; k < a.constants.size(); ++k)
+      if (a.constants[k].index != b.constants[k].index ||
+          a.constants[k].type != b.constants[k].type ||
+          a.constants[k].value != b.constants[k].value)
+        return false;
+    return true;
+  }
+
+  void encode(MTL::ComputeCommandEncoder* encoder, const Dispatch& d,
+              MTL::ComputePipelineState* pipeline, const std::array<Bound, kBufferCount>& bound,
+              Encoded& state) {
+    if (pipeline != state.pipeline) encoder->setComputePipelineState(pipeline);
+    state.pipeline = pipeline;
+    for (const Binding& b : d.buffers) {
+      // An empty array (size 0) is bound but never read: the placeholder stands in at offset
+      // 0 (an offset into an empty array may exceed the placeholder's length), whatever
+      // (non-null dummy) pointer the caller gave for it.
+      const Bound& x = bound[static_cast<int>(b.buffer)];
+      const MTL::Buffer* buffer = x.buffer ? x.buffer.get() : placeholder_.get();
+      const uint64_t offset = x.buffer ? x.offset + static_cast<uint64_t>(b.offset) : 0;
+      if (b.index >= state.at.size()) {
+        encoder->setBuffer(buffer, offset, b.index);
+        continue;
+      }
+      auto& was = state.at[b.index];
+      if (was.first == buffer && was.second == offset) continue;
+      if (was.first == buffer)
+        encoder->setBufferOffset(offset, b.index);
+      else
+        encoder->setBuffer(buffer, offset, b.index);
+      was = {buffer, offset};
+    }
+    for (const BytesArg& a : d.bytes) encoder->setBytes(a.data.data(), a.data.size(), a.index);
+    const uint64_t tg = d.threadgroup_memory > 0 ? threadgroup_length(d.threadgroup_memory) : 0;
+    if (tg > 0 && tg != state.threadgroup_memory) encoder->setThreadgroupMemoryLength(tg, 0);
+    state.threadgroup_memory = tg > 0 ? tg : state.threadgroup_memory;
+    encoder->dispatchThreadgroups(MTL::Size(d.threadgroups.x, d.threadgroups.y, d.threadgroups.z),
+                                  MTL::Size(d.threads.x, d.threads.y, d.threads.z));
+  }
+
   struct Allocation {
     MTL::Buffer* buffer;
     uint64_t length;
