@@ -1,4 +1,4 @@
-"""Command line: ``python -m rnncore demo | info | check | bench``.
+"""Command line: ``python -m rnncore demo | info | check | bench | cost``.
 
 ``demo`` trains a GRU and an LSTM with rnncore's gradients (demo.py), ``info`` prints
 what this build is (version, devices, BLAS library, compiler), ``check`` compares every
@@ -14,6 +14,7 @@ import numpy as np
 
 import rnncore
 from rnncore import bench, check
+from rnncore.bench import cost
 
 
 def info(args):
@@ -60,6 +61,7 @@ def main(argv=None):
     check.add_arguments(p_check)
     p_check.set_defaults(func=check.run)
     bench.add_parser(sub)
+    cost.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

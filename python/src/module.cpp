@@ -727,6 +727,28 @@ NB_MODULE(_core, m) {
       "Threads a call may use on the CPU; 0 restores the default (RNNCORE_NUM_THREADS, "
       "else every usable core).");
   m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
+  m.def("set_metal_counting", &set_metal_counting, "on"_a,
+        "Counting of the Metal kernels' memory traffic and FLOPs on device 'metal-emulated' "
+        "(rnncore.bench.cost); results computed while it is on are not valid.");
+  m.def(
+      "take_metal_counts",
+      [] {
+        nb::list out;
+        for (const DispatchCount& c : take_metal_counts()) {
+          nb::dict d;
+          d["plan"] = c.plan;
+          d["kernel"] = c.kernel;
+          d["threadgroups"] = c.threadgroups;
+          d["threads_per_threadgroup"] = c.threads_per_threadgroup;
+          d["bytes_read"] = c.bytes_read;
+          d["bytes_written"] = c.bytes_written;
+          d["flops"] = c.flops;
+          d["repeated"] = c.repeated;
+          out.append(d);
+        }
+        return out;
+      },
+      "The counted dispatches since counting started, as dicts, and clears them.");
   m.attr("__version__") = version();
 
   def_op<SingleGateRnn>(m);

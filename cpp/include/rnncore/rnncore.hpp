@@ -6,5 +6,6 @@
 #include "rnncore/device.hpp"
 #include "rnncore/error.hpp"
 #include "rnncore/info.hpp"
+#include "rnncore/metal_counts.hpp"
 #include "rnncore/ops.hpp"
 #include "rnncore/tensor.hpp"

@@ -15,6 +15,8 @@
 #include "metal/executor.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -27,16 +29,36 @@
 #include "cpu/thread_pool.hpp"
 #include "metal/emulator/registry.hpp"
 #include "rnncore/error.hpp"
+#include "rnncore/metal_counts.hpp"
 
 namespace rnncore::metal::emu {
 
 int emulated_kernels_linked();
+int counted_kernels_linked();
 
 namespace {
 
 std::unordered_map<std::string, KernelEntry>& kernels() {
   static std::unordered_map<std::string, KernelEntry> k;
   return k;
+}
+std::unordered_map<std::string, KernelEntry>& counted_kernels() {
+  static std::unordered_map<std::string, KernelEntry> k;
+  return k;
+}
+
+// Metal counting (rnncore/metal_counts.hpp): on or off, and what it recorded.
+struct Counting {
+  std::mutex m;
+  bool on = false;
+  std::vector<DispatchCount> records;
+  // Per distinct dispatch (kernel, constants, grid): how often measured, and the last counts.
+  std::unordered_map<std::string, std::pair<int, DispatchCount>> seen;
+  uint64_t plans = 0;
+};
+Counting& counting() {
+  static Counting c;
+  return c;
 }
 
 Schedule schedule_from_env() {
@@ -201,6 +223,25 @@ void poison(std::vector<float>& v, int64_t element_size = 4) {
   std::fill(v.begin(), v.end(), f);
 }
 
+// Counting runs one threadgroup per class of alike ones: along each grid axis the first,
+// one interior and the last position (a kernel treats its threadgroups alike but for
+// partial tiles and first steps at the edges), each weighted by its class's size.
+void representatives(const Size3& grid, std::vector<uint64_t>* sequence,
+                     std::vector<uint64_t>* weight) {
+  auto axis = [](uint64_t n) {
+    std::vector<std::pair<uint64_t, uint64_t>> picks = {{0, 1}};  // (position, weight)
+    if (n >= 3) picks.push_back({1, n - 2});
+    if (n >= 2) picks.push_back({n - 1, 1});
+    return picks;
+  };
+  for (auto [z, wz] : axis(grid.z))
+    for (auto [y, wy] : axis(grid.y))
+      for (auto [x, wx] : axis(grid.x)) {
+        sequence->push_back(x + grid.x * (y + grid.y * z));
+        weight->push_back(wx * wy * wz);
+      }
+}
+
 struct GroupContext {
   KernelAdapter adapter;
   void* const* args;
@@ -219,6 +260,16 @@ class EmulatorExecutor final : public Executor {
 
   void run(const Plan& plan, const HostArrays& arrays) override {
     (void)emulated_kernels_linked();
+#if defined(RNNCORE_METAL_COUNTING)
+    (void)counted_kernels_linked();
+#endif
+    bool count;
+    uint64_t plan_index = 0;
+    {
+      std::lock_guard<std::mutex> lock(counting().m);
+      count = counting().on;
+      if (count) plan_index = counting().plans++;
+    }
     check_limits(plan);
     const Schedule schedule = schedule_from_env();
     std::vector<float> workspace[kBufferCount];
@@ -237,20 +288,68 @@ class EmulatorExecutor final : public Executor {
         base[b] = const_cast<void*>(arrays[b]);
       }
     }
+    // The device buffers' address ranges, for the counting kernels.
+    std::vector<std::array<uintptr_t, 2>> ranges;
+    for (int b = 0; b < kBufferCount; ++b)
+      if (base[b] && plan.sizes[b] > 0) {
+        const auto begin = reinterpret_cast<uintptr_t>(base[b]);
+        ranges.push_back({begin, begin + static_cast<uintptr_t>(plan.sizes[b])});
+      }
     const Order order = order_from_env();
     for (size_t n = 0; n < plan.dispatches.size(); ++n) {
       const Dispatch& d = plan.dispatches[n];
-      const KernelEntry& kernel = find_kernel(d.kernel);
+      DispatchCount record;
+      std::string key;
+      if (count) {
+        record.plan = plan_index;
+        record.kernel = d.kernel;
+        record.threadgroups = d.threadgroups.volume();
+        record.threads_per_threadgroup = d.threads.volume();
+        key = d.pipeline_key() + "@" + std::to_string(d.threadgroups.x) + "," +
+              std::to_string(d.threadgroups.y) + "," + std::to_string(d.threadgroups.z);
+        // The params, but for a step's index: steps of one plan share a key.
+        for (const BytesArg& a : d.bytes) {
+          std::string bytes(a.data.begin(), a.data.end());
+          if (d.kernel.rfind("gemm", 0) != 0 && bytes.size() == sizeof(kernels::StepParams))
+            std::memset(&bytes[offsetof(kernels::StepParams, step)], 0, sizeof(int32_t));
+          key += "#" + std::to_string(a.index) + ":" + bytes;
+        }
+        std::lock_guard<std::mutex> lock(counting().m);
+        auto it = counting().seen.find(key);
+        if (it != counting().seen.end() && it->second.first >= 2) {
+          DispatchCount again = it->second.second;
+          again.repeated = true;
+          again.plan = plan_index;
+          counting().records.push_back(again);
+          continue;  // a step like the two measured: not run again
+        }
+      }
+      const KernelEntry& kernel = count ? find_counted_kernel(d.kernel) : find_kernel(d.kernel);
       const ConstantValues values = constant_values(d);
       const Arguments bound = bind_arguments(d, kernel, values, base);
       const DispatchState state{&values, &d.kernel};
       // Threadgroups are independent (as on the GPU): they run on the CPU backend's
       // threads, each with its own threadgroup memory, taking them in turn from the order.
       const Size3 grid = d.threadgroups;
-      const std::vector<uint64_t> sequence = group_sequence(order, grid.volume(), n);
+      std::vector<uint64_t> sequence, weight;
+      if (count)
+        representatives(grid, &sequence, &weight);
+      else
+        sequence = group_sequence(order, grid.volume(), n);
       const int want = static_cast<int>(std::min<uint64_t>(sequence.size(), 64));
+      std::mutex totals_m;
       cpu::ThreadPool::instance().run(want, [&](int tid, int team) {
         const DispatchScope scope(&state);
+        CountContext mine_count;
+        mine_count.ranges = reinterpret_cast<const uintptr_t(*)[2]>(ranges.data());
+        mine_count.count = ranges.size();
+        struct CountScope {
+          CountContext* outer = g_count;
+          CountScope(CountContext* c, bool on) {
+            if (on) g_count = c;
+          }
+          ~CountScope() { g_count = outer; }
+        } count_scope(&mine_count, count);
         std::vector<float> tg_memory(d.threadgroup_memory / 4);
         std::vector<void*> mine = bound.args;
         for (size_t i : bound.threadgroup_slots) mine[i] = tg_memory.data();
@@ -261,9 +360,28 @@ class EmulatorExecutor final : public Executor {
           const uint64_t g = sequence[pos];
           const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
                          uint32_t(g / (grid.x * grid.y))};
+          const CountContext before = mine_count;
           run_threadgroup(d.kernel, d.threads, id, schedule, &run_thread, &ctx);
+          if (count) {  // this threadgroup stands for weight[pos] alike
+            const uint64_t w = weight[pos];
+            mine_count.read = before.read + (mine_count.read - before.read) * w;
+            mine_count.written = before.written + (mine_count.written - before.written) * w;
+            mine_count.fmas = before.fmas + (mine_count.fmas - before.fmas) * w;
+          }
+        }
+        if (count) {
+          std::lock_guard<std::mutex> lock(totals_m);
+          record.bytes_read += mine_count.read;
+          record.bytes_written += mine_count.written;
+          record.flops += 2 * mine_count.fmas;
         }
       });
+      if (count) {
+        std::lock_guard<std::mutex> lock(counting().m);
+        auto& seen = counting().seen[key];
+        seen = {seen.first + 1, record};
+        counting().records.push_back(record);
+      }
     }
   }
 };
@@ -293,6 +411,34 @@ void absent_reference_argument(const char* name) {
 bool register_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args, size_t count) {
   kernels()[name] = KernelEntry{adapter, args, count};
   return true;
+}
+
+bool register_counted_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args,
+                             size_t count) {
+  counted_kernels()[name] = KernelEntry{adapter, args, count};
+  return true;
+}
+
+const KernelEntry& find_counted_kernel(const std::string& name) {
+  const auto it = counted_kernels().find(name);
+  if (it == counted_kernels().end())
+    throw DeviceError("[metal-emulated] no counting kernel named '" + name + "'");
+  return it->second;
+}
+
+void set_counting(bool on) {
+  std::lock_guard<std::mutex> lock(counting().m);
+  counting().on = on;
+  counting().seen.clear();
+  counting().plans = 0;
+  if (on) counting().records.clear();
+}
+
+std::vector<DispatchCount> take_counts() {
+  std::lock_guard<std::mutex> lock(counting().m);
+  std::vector<DispatchCount> r = std::move(counting().records);
+  counting().records.clear();
+  return r;
 }
 
 const KernelEntry& find_kernel(const std::string& name) {

@@ -98,6 +98,28 @@ struct KernelEntry {
 };
 bool register_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args, size_t count);
 const KernelEntry& find_kernel(const std::string& name);
+// The counting copy (kernels_counted.cpp): the same kernels with every load and store
+// instrumented, run while metal counting is on.
+bool register_counted_kernel(const char* name, KernelAdapter adapter, const ArgSpec* args,
+                             size_t count);
+const KernelEntry& find_counted_kernel(const std::string& name);
+
+// What the counting kernels of one OS thread add up for the dispatch being run: bytes of the
+// device buffers read and written (the address ranges [begin, end) of the plan's buffers),
+// and fma calls. Null outside counting.
+struct CountContext {
+  const uintptr_t (*ranges)[2] = nullptr;
+  size_t count = 0;
+  uint64_t read = 0, written = 0, fmas = 0;
+  void note(uintptr_t address, uint64_t size, bool write) {
+    for (size_t k = 0; k < count; ++k)
+      if (address >= ranges[k][0] && address < ranges[k][1]) {
+        (write ? written : read) += size;
+        return;
+      }
+  }
+};
+inline thread_local CountContext* g_count = nullptr;
 
 template <class T>
 uint64_t to_bits(T v) {

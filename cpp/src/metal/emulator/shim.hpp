@@ -227,6 +227,7 @@ template <class T, int C, int R, int K>
                                                      const simdgroup_matrix<T, C, K>& b,
                                                      const simdgroup_matrix<T, C, R>& c) {
   const char* site = static_cast<const char*>(__builtin_return_address(0));
+  if (auto* n = rnncore::metal::emu::g_count) n->fmas += 16;  // this lane's two elements
   float A[64], B[64];
   const auto sa = sgm::whole(sgm::pack(a), false, site, "simdgroup_multiply_accumulate");
   sgm::unpack<T>(sa.slots, A);

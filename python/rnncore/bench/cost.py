@@ -1,0 +1,190 @@
+"""The cost model of the Metal backend: for an op and a shape, what each dispatch of its plans
+reads and writes in device memory and how many FLOPs it does, counted by the host emulator
+(every load and store of an instrumented copy of the kernels; rnncore.set_metal_counting),
+turned into an expected time on named Apple GPUs.
+
+A dispatch takes the larger of its bandwidth bound (bytes / memory bandwidth) and its
+compute bound (FLOPs / FP32 peak), plus a fixed cost per dispatch; a plan's command buffers
+(64 dispatches each, rnncore's executor) add a fixed cost each. Bytes are the kernels' loads
+and stores of device memory, so data a kernel reads twice counts twice (what a cache does
+not absorb); FLOPs count the products' multiply-adds (2 each), not the elementwise gate math.
+
+GPU figures (FP32 peak = GPU cores x 128 FP32 lanes x 2 x clock):
+
+- M1 (8-core GPU, 1.278 GHz): 2.6 TFLOPS, 68.25 GB/s (LPDDR4X-4266, 128-bit; Apple,
+  "Apple unleashes M1", 2020-11-10).
+- M2 (10-core GPU, 1.398 GHz): 3.6 TFLOPS, 100 GB/s (Apple, "Apple unveils M2",
+  2022-06-06).
+- M3 Max (40-core GPU, ~1.38 GHz): ~14.1 TFLOPS, 400 GB/s (Apple, "Apple unveils M3,
+  M3 Pro, and M3 Max", 2023-10-30: 400 GB/s for the 40-core GPU model).
+- M4 (10-core GPU, ~1.47 GHz): ~3.8 TFLOPS, 120 GB/s (Apple, "Apple introduces M4 chip",
+  2024-05-07: 120 GB/s).
+- Per dispatch 5 us and per command buffer 50 us: back-to-back compute dispatches in one
+  encoder take a few microseconds each on these GPUs, and a command buffer's trip through
+  the driver tens to thousands of microseconds (Apple, Metal Performance Shaders "Tuning
+  Hints": up to 2.5 ms to get an empty command buffer through waitUntilCompleted). These two
+  are the model's least certain figures; the bench prints the model beside measured times
+  so that a Mac run calibrates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._ops import KINDS
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    bandwidth: float  # bytes / s
+    flops: float  # FP32 FLOP / s
+    dispatch_s: float = 5e-6
+    command_buffer_s: float = 50e-6
+
+
+GPUS = {
+    g.name: g
+    for g in (
+        Gpu("M1", 68.25e9, 2.6e12),
+        Gpu("M2", 100e9, 3.6e12),
+        Gpu("M3 Max", 400e9, 14.1e12),
+        Gpu("M4", 120e9, 3.8e12),
+    )
+}
+DISPATCHES_PER_COMMAND_BUFFER = 64  # the executor's (apple_executor.cpp)
+
+
+def count(kind, T, N, H, I=None, training=False, bidirectional=False, dtype="float32"):  # noqa: N803, E741
+    """The counted dispatches of one forward call (and, with training, its gradient call)
+    of `kind` on device 'metal-emulated': a list of dicts (rnncore.take_metal_counts)."""
+    import rnncore
+    from rnncore import _core
+
+    I = I or H  # noqa: E741
+    G, D = KINDS[kind].gates, 2 if bidirectional else 1  # noqa: N806
+    rng = np.random.default_rng(0)
+    dt = np.dtype(dtype)
+    x = (rng.standard_normal((T, N, I)) * 0.5).astype(dt)
+    W = (rng.standard_normal((D * G * H, I)) / math.sqrt(I)).astype(dt)  # noqa: N806
+    R = rng.standard_normal((G * H, H)) / math.sqrt(H)  # noqa: N806
+    R = (np.stack([R, R]) if bidirectional else R).astype(dt)  # noqa: N806
+    desc_cls = getattr(rnncore, KINDS[kind].descriptor)
+    fields = {"reset_after": True} if kind == "gru" else {}
+    desc = desc_cls(bidirectional=bidirectional, training=training, **fields)
+    forward = getattr(rnncore, KINDS[kind].forward)
+    _core.set_metal_counting(True)
+    try:
+        out = forward(x, R, W, descriptor=desc, device="metal-emulated")
+        if training:
+            extra = {"gru": (out.state,), "lstm": (getattr(out, "cell", None),), "rnn": ()}[kind]
+            getattr(rnncore, KINDS[kind].gradients)(
+                x, R, out.state, out.z_state, *extra, input_weight=W, descriptor=desc,
+                device="metal-emulated",
+            )  # fmt: skip
+        return _core.take_metal_counts()
+    finally:
+        _core.set_metal_counting(False)
+
+
+def expected(records, gpu):
+    """Expected seconds of the counted dispatches on `gpu` (a Gpu), and the bound of each."""
+    total, bounds = 0.0, []
+    per_plan = {}
+    for r in records:
+        memory = (r["bytes_read"] + r["bytes_written"]) / gpu.bandwidth
+        compute = r["flops"] / gpu.flops
+        bounds.append("memory" if memory >= compute else "compute")
+        total += max(memory, compute) + gpu.dispatch_s
+        per_plan[r["plan"]] = per_plan.get(r["plan"], 0) + 1
+    buffers = sum(math.ceil(n / DISPATCHES_PER_COMMAND_BUFFER) for n in per_plan.values())
+    return total + buffers * gpu.command_buffer_s, bounds
+
+
+def summary(records):
+    """Per kernel: dispatches, bytes and FLOPs per dispatch (the last measured)."""
+    rows = {}
+    for r in records:
+        row = rows.setdefault(r["kernel"], {"dispatches": 0, "bytes": 0, "flops": 0})
+        row["dispatches"] += 1
+        row["bytes"] = r["bytes_read"] + r["bytes_written"]
+        row["flops"] = r["flops"]
+    return rows
+
+
+CONFIGS = [  # the issue's shapes: (kind, T, N, H)
+    ("gru", 100, 32, 256),
+    ("lstm", 100, 32, 256),
+    ("gru", 100, 1, 256),
+    ("lstm", 100, 1, 256),
+    ("gru", 1000, 1, 64),
+    ("gru", 50, 128, 1024),
+]
+
+
+def table(configs, modes=("inference", "training"), gpus=("M2", "M3 Max")):
+    lines = [
+        "| layer | mode | dispatches | MB moved | GFLOP | "
+        + " | ".join(f"{g} ms" for g in gpus)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(gpus),
+    ]
+    for kind, T, N, H in configs:  # noqa: N806
+        for mode in modes:
+            recs = count(kind, T, N, H, training=mode == "training")
+            moved = sum(r["bytes_read"] + r["bytes_written"] for r in recs) / 1e6
+            gflop = sum(r["flops"] for r in recs) / 1e9
+            times = [expected(recs, GPUS[g])[0] * 1e3 for g in gpus]
+            lines.append(
+                f"| {kind.upper()} T={T} N={N} H={H} | {mode} | {len(recs)} | {moved:.1f} | "
+                f"{gflop:.2f} | " + " | ".join(f"{t:.2f}" for t in times) + " |"
+            )
+    return "\n".join(lines)
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "cost",
+        help="the Metal cost model: counted bytes and FLOPs per dispatch, expected times",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--kind", choices=list(KINDS), help="one layer (default: the issue's set)")
+    p.add_argument("--T", type=int, default=100)
+    p.add_argument("--N", type=int, default=32)
+    p.add_argument("--H", type=int, default=256)
+    p.add_argument("--training", action="store_true")
+    p.add_argument("--bidirectional", action="store_true")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args):
+    if args.kind is None:
+        print(table(CONFIGS))
+        return 0
+    recs = count(args.kind, args.T, args.N, args.H, training=args.training,
+                 bidirectional=args.bidirectional)  # fmt: skip
+    print(f"{args.kind.upper()} T={args.T} N={args.N} H={args.H}"
+          f"{' training' if args.training else ''}: {len(recs)} dispatches")  # fmt: skip
+    print(f"  {'kernel':28} {'dispatches':>10} {'KB/dispatch':>12} {'MFLOP/dispatch':>15}")
+    for kernel, row in summary(recs).items():
+        print(f"  {kernel:28} {row['dispatches']:10d} {row['bytes'] / 1e3:12.1f} "
+              f"{row['flops'] / 1e6:15.3f}")  # fmt: skip
+    for g in GPUS.values():
+        t, bounds = expected(recs, g)
+        memory = bounds.count("memory")
+        print(f"  expected on {g.name:7}: {t * 1e3:8.3f} ms "
+              f"({memory} of {len(bounds)} dispatches bandwidth-bound)")  # fmt: skip
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m rnncore cost")
+    sub = parser.add_subparsers()
+    add_parser(sub)
+    args = parser.parse_args(["cost", *(argv or [])])
+    return args.func(args)
