@@ -106,3 +106,17 @@ def test_sampled_threadgroups_count_as_the_whole_grid():
     assert gemm["bytes_read"] == 4 * (col_tiles * M * I + row_tiles * Ncols * I + M * Ncols)
     assert gemm["bytes_written"] == 4 * M * Ncols
     assert gemm["flops"] == row_tiles * col_tiles * 2 * 64 * 64 * 32
+
+
+def test_shader_readme_table_is_the_models():
+    """cpp/shaders/README.md's cost table is what `python -m rnncore cost` prints now."""
+    import pathlib
+
+    readme = pathlib.Path(__file__).resolve().parent.parent / "cpp" / "shaders" / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- cost table: begin -->\n", "\n<!-- cost table: end -->"
+    committed = text[text.index(begin) + len(begin) : text.index(end)]
+    assert committed == cost.table(cost.CONFIGS), (
+        "regenerate the table: python -m rnncore cost > table, and paste it into "
+        "cpp/shaders/README.md"
+    )

@@ -4,9 +4,8 @@
 // (z and r, and u = r * h~ into the workspace) then gru_candidate (u * R_o and the update).
 // Grid and threadgroups as in rnn.metal; simdgroup sg owns hidden unit u.
 //
-// Per step: 6*N*H*H FLOPs; R (12*H*H bytes) read once per batch tile.
-// H=256, N=32 (NB=8): 12.6 MFLOP (3.5 us at 3.6 TFLOP/s), 3 MB of R traffic (~8 us from
-// the system-level cache); reset-before adds a second dispatch (~5 us latency) per step.
+// Per step: 6*N*H*H FLOPs; R (12*H*H bytes) read once per batch tile. Bytes and expected
+// times: python -m rnncore cost (README.md, "Cost model").
 #include "common.h"
 
 // The state update shared by both variants (contract: flip_z swaps z and 1 - z).

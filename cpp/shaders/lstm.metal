@@ -3,10 +3,8 @@
 // Grid and threadgroups as in rnn.metal; simdgroup sg owns hidden unit u, all four gates.
 //
 // Per step: 8*N*H*H FLOPs; R (16*H*H bytes) read once per batch tile; per batch row and
-// unit 4 x' values, h[t-1], c[t-1] in, h, c (and 4 training-state values) out.
-// H=256, N=32 (NB=8): 16.8 MFLOP (4.7 us at 3.6 TFLOP/s), 4 MB of R traffic per step
-// (about 10 us from the system-level cache at ~400 GB/s): R traffic bound; NB=8 keeps
-// it at N/8 reads of R per step. N=1: 1 MB of R, ~3-10 us, near the dispatch latency.
+// unit 4 x' values, h[t-1], c[t-1] in, h, c (and 4 training-state values) out. Bytes and
+// expected times: python -m rnncore cost (README.md, "Cost model").
 #include "common.h"
 
 template <typename T, int NB>

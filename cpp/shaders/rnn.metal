@@ -2,11 +2,9 @@
 // "Single-gate RNN"). Grid: (ceil(H / STEP_SIMDGROUPS), ceil(N / NB), D) threadgroups of
 // STEP_SIMDGROUPS simdgroups; simdgroup sg owns hidden unit u for NB batch rows.
 //
-// Per step (float32, M2-class GPU at ~3.6 TFLOP/s and ~100 GB/s): 2*N*H*H FLOPs; R (4*H*H
-// bytes) is read once per batch tile, so ceil(N/NB)*4*H*H bytes, mostly from the
-// system-level cache after the first step; plus 4*N*H bytes each of x', h[t-1] and h[t].
-// H=256, N=32 (NB=8): 4.2 MFLOP (1.2 us of ALU), 1.0 MB of R traffic (~10 us from DRAM,
-// ~3 us from cache): the step is bound by R traffic and the ~5 us dispatch latency.
+// Per step: 2*N*H*H FLOPs; R (4*H*H bytes) is read once per batch tile, the NB state rows
+// once per hidden unit. Bytes and expected times: python -m rnncore cost (README.md,
+// "Cost model").
 #include "common.h"
 
 template <typename T, int NB>

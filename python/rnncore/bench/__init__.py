@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import report
+from . import cost, report
 from .peers import (
     BY_NAME,
     CONFIGS,
@@ -352,6 +352,8 @@ def run_one(impl, problem, mode, threads, expected, timing, device):
     record.update(measure(prepared.run, timing, allowed_other_cpu(threads), prepared.sync))
     record["status"] = "ok"
     record["gflops"] = round(config.flops(mode) / record["median_s"] / 1e9, 2)
+    if impl.name == "rnncore" and device in ("metal", "metal-emulated"):
+        record.update(cost.model_record(config, mode, device))
     return record
 
 

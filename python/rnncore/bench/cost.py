@@ -116,6 +116,45 @@ def summary(records):
     return rows
 
 
+def this_gpu():
+    """The GPUS entry of this Mac's GPU (from the CPU brand, "Apple M2 Pro" -> M2), else
+    None."""
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin":
+        return None
+    try:
+        brand = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+        ).stdout
+    except OSError:
+        return None
+    for name in sorted(GPUS, key=len, reverse=True):
+        if name in brand:
+            return name
+    return None
+
+
+def model_record(config, mode, device):
+    """What the bench records beside a Metal time: the model's expectation on this Mac's GPU
+    (on 'metal-emulated', or an unknown GPU: the M2), or why there is none."""
+    gpu = (this_gpu() if device == "metal" else None) or "M2"
+    try:
+        recs = count(config.kind, config.T, config.N, config.H, I=config.I,
+                     training=mode == "training", bidirectional=config.bidirectional,
+                     dtype=config.dtype)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (a build without counting: say so)
+        return {"model_note": str(e)}
+    t, bounds = expected(recs, GPUS[gpu])
+    return {
+        "model_gpu": gpu,
+        "model_s": t,
+        "model_bandwidth_bound": bounds.count("memory"),
+        "model_dispatches": len(recs),
+    }
+
+
 CONFIGS = [  # the issue's shapes: (kind, T, N, H)
     ("gru", 100, 32, 256),
     ("lstm", 100, 32, 256),

@@ -47,6 +47,8 @@ def check_text(r):
         c = r["check"]
         text = f"ok (err {c['max_rel_err']:.1e} <= {c['tolerance']:.0e}; {r['reps']} runs"
         text += f"; others {r['other_cpu']})" if r.get("other_cpu") is not None else ")"
+        if r.get("model_s") is not None:
+            text += f"; model {r['model_gpu']} {fmt_ms(r['model_s'])} ms"
         return text + (" *" if r.get("disturbed") else "")
     return f"{r['status']}: {r['note']}"
 
