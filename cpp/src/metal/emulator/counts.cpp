@@ -14,8 +14,8 @@ inline void note(uintptr_t address, uint64_t size, bool write) {
 }  // namespace
 
 extern "C" {
-#define RNNCORE_COUNT_HOOKS(size)                                                        \
-  void __asan_load##size##_noabort(uintptr_t a) { note(a, size, false); }               \
+#define RNNCORE_COUNT_HOOKS(size)                                         \
+  void __asan_load##size##_noabort(uintptr_t a) { note(a, size, false); } \
   void __asan_store##size##_noabort(uintptr_t a) { note(a, size, true); }
 RNNCORE_COUNT_HOOKS(1)
 RNNCORE_COUNT_HOOKS(2)

@@ -19,10 +19,11 @@ inline float fma(float a, float b, float c) {
 }  // namespace
 
 #undef RNNCORE_EMULATED_KERNEL
-#define RNNCORE_EMULATED_KERNEL(name, table, ...)                                                \
-  static const bool name##_counted_ = ::rnncore::metal::emu::register_counted_kernel(            \
-      #name, &::rnncore::metal::emu::invoke<&::__VA_ARGS__, ::rnncore::metal::emu::signatures::table>, \
-      ::rnncore::metal::emu::signatures::table,                                                   \
+#define RNNCORE_EMULATED_KERNEL(name, table, ...)                                               \
+  static const bool name##_counted_ = ::rnncore::metal::emu::register_counted_kernel(           \
+      #name,                                                                                    \
+      &::rnncore::metal::emu::invoke<&::__VA_ARGS__, ::rnncore::metal::emu::signatures::table>, \
+      ::rnncore::metal::emu::signatures::table,                                                 \
       std::size(::rnncore::metal::emu::signatures::table));
 #include "emulated_kernels.inc"
 
