@@ -26,8 +26,9 @@ RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
       device const T *c0 [[buffer(B##_C0), function_constant(has_init_cell)]], \
       device const T *mask [[buffer(B##_MASK), function_constant(has_mask)]],  \
       device const T *peephole [[buffer(B##_PEEPHOLE), function_constant(has_peephole)]]
-#define STEP_THREAD_PARAMS(B)                                                                 \
-  constant StepParams &p [[buffer(B##_PARAMS)]], uint3 tgid [[threadgroup_position_in_grid]], \
+#define STEP_THREAD_PARAMS(B)                                                                \
+  constant StepParams &p [[buffer(B##_PARAMS)]], THREADGROUP_BUFFER(float, stage, 0),        \
+      uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]], \
       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
 // Every step kernel takes the same arguments (StepBuffer order); buffers an op does not use
@@ -63,16 +64,18 @@ RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
 
 // Opens every (forward or gradient) step kernel template <typename T, int NB>: simdgroup sg
 // owns hidden unit u of direction d for batch rows n0 .. n0 + NB - 1. A simdgroup past H
-// returns whole, so no simd operation is left half-done.
+// (unit false) still stages its share of the rows and reaches every barrier of the product,
+// then returns whole, so no simd operation is left half-done.
 #define STEP_PROLOGUE                                    \
   const int d = int(tgid.z);                             \
   const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg); \
   const int n0 = int(tgid.y) * NB;                       \
-  if (u >= p.H) return
+  const bool unit = u < p.H
 
 // After the simdgroup's sums: lane j < NB finishes batch row n = n0 + j; the other lanes
-// return.
+// (and the simdgroups past H) return.
 #define STEP_LANE_ROW           \
+  if (!unit) return;            \
   const int n = n0 + int(lane); \
   if (int(lane) >= NB || n >= p.N) return
 
@@ -167,29 +170,54 @@ inline float mask_at(device const T* mask, constant StepParams& p, int n, int co
   return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
-// acc[g][j] = sum_k v[n0 + j, k] * R[row_g, k] over one simdgroup: lanes stride over k (R's
-// rows and the state rows are contiguous in k, so loads coalesce), then simd_sum.
+// Stages rows n0 .. n0 + NB - 1 of v (stride v_ld, from column col; masked: times the
+// mask), columns [k0, k0 + len), into stage[j * STEP_CHUNK + i] (zeros past N): every
+// thread of the threadgroup takes a share, so each element is read from device memory once
+// per threadgroup. The caller brackets it with barriers.
+template <typename T, typename V, int NB>
+inline void stage_rows(V v, int v_ld, int col, int k0, int len, bool masked, device const T* mask,
+                       constant StepParams& p, int n0, threadgroup float* stage, uint tid) {
+  for (int e = int(tid); e < NB * len; e += STEP_SIMDGROUPS * SIMD_WIDTH) {
+    const int j = e / len, i = e % len, n = n0 + j;
+    float h = 0.0f;
+    if (n < p.N) {
+      h = float(v[n * v_ld + col + k0 + i]);
+      if (masked) h *= mask_at(mask, p, n, col + k0 + i);
+    }
+    stage[j * STEP_CHUNK + i] = h;
+  }
+}
+
+// acc[g][j] = sum_k v[n0 + j, k] * R[row_g, k] over one simdgroup: the threadgroup stages
+// the batch tile's rows of v STEP_CHUNK columns at a time (stage_rows), then lanes stride
+// over k through the G rows of R (contiguous in k, so loads coalesce), then simd_sum.
 // v has rows of stride v_ld starting at column v_col; null means zeros; masked rows are
-// multiplied by the mask (h~ = h * m). Every lane returns the sums.
+// multiplied by the mask (h~ = h * m). Every lane returns the sums (zeros where !unit).
 template <typename T, int NB, int NG>
 inline void recurrent_dot(device const T* v, int v_ld, int v_col, bool masked, device const T* mask,
                           device const T* R, int rows0, int rows1, int rows2, int rows3,
-                          constant StepParams& p, int n0, uint lane, thread float (&acc)[NG][NB]) {
+                          constant StepParams& p, int n0, uint lane, threadgroup float* stage,
+                          uint tid, bool unit, thread float (&acc)[NG][NB]) {
   const int rows[4] = {rows0, rows1, rows2, rows3};
   for (int g = 0; g < NG; ++g)
     for (int j = 0; j < NB; ++j) acc[g][j] = 0.0f;
   if (v) {
-    for (int k = int(lane); k < p.H; k += SIMD_WIDTH) {
-      float hv[NB];
-      for (int j = 0; j < NB; ++j) {
-        const int n = n0 + j;
-        hv[j] = n < p.N ? float(v[n * v_ld + v_col + k]) : 0.0f;
-        if (masked && n < p.N) hv[j] *= mask_at(mask, p, n, v_col + k);
+    for (int k0 = 0; k0 < p.H; k0 += STEP_CHUNK) {
+      const int len = min(int(STEP_CHUNK), p.H - k0);
+      stage_rows<T, device const T*, NB>(v, v_ld, v_col, k0, len, masked, mask, p, n0, stage, tid);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      if (unit) {
+        for (int i = int(lane); i < len; i += SIMD_WIDTH) {
+          float hv[NB];
+          for (int j = 0; j < NB; ++j) hv[j] = stage[j * STEP_CHUNK + i];
+          for (int g = 0; g < NG; ++g) {
+            const float r = float(R[rows[g] * p.H + k0 + i]);
+            for (int j = 0; j < NB; ++j) acc[g][j] = fma(r, hv[j], acc[g][j]);
+          }
+        }
       }
-      for (int g = 0; g < NG; ++g) {
-        const float r = float(R[rows[g] * p.H + k]);
-        for (int j = 0; j < NB; ++j) acc[g][j] = fma(r, hv[j], acc[g][j]);
-      }
+      // The next chunk overwrites what other simdgroups may still read.
+      threadgroup_barrier(mem_flags::mem_threadgroup);
     }
   }
   for (int g = 0; g < NG; ++g)
@@ -209,15 +237,25 @@ enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
 
 // ---- gradient steps ----------------------------------------------------------------------
 // acc[j] = sum_{i < len} delta[(n0 + j) * ld + col0 + i] * rt_row[i] over one simdgroup (the
-// product of a step's gate deltas with R, through a row of R^T: both reads contiguous).
+// product of a step's gate deltas with R, through a row of R^T: both reads contiguous). The
+// threadgroup stages the batch tile's delta rows STEP_CHUNK columns at a time.
 template <typename T, int NB>
 inline void transposed_dot(device const float* delta, int ld, int col0, device const T* rt_row,
-                           int len, int N, int n0, uint lane, thread float (&acc)[NB]) {
+                           int len, constant StepParams& p, int n0, uint lane,
+                           threadgroup float* stage, uint tid, bool unit, thread float (&acc)[NB]) {
   for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
-  for (int i = int(lane); i < len; i += SIMD_WIDTH) {
-    const float r = float(rt_row[i]);
-    for (int j = 0; j < NB; ++j)
-      if (n0 + j < N) acc[j] = fma(float(delta[(n0 + j) * ld + col0 + i]), r, acc[j]);
+  for (int k0 = 0; k0 < len; k0 += STEP_CHUNK) {
+    const int chunk = min(int(STEP_CHUNK), len - k0);
+    stage_rows<T, device const float*, NB>(delta, ld, col0, k0, chunk, false, nullptr, p, n0, stage,
+                                           tid);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (unit) {
+      for (int i = int(lane); i < chunk; i += SIMD_WIDTH) {
+        const float r = float(rt_row[k0 + i]);
+        for (int j = 0; j < NB; ++j) acc[j] = fma(stage[j * STEP_CHUNK + i], r, acc[j]);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
   }
   for (int j = 0; j < NB; ++j) acc[j] = simd_sum(acc[j]);
 }
@@ -227,10 +265,11 @@ inline void transposed_dot(device const float* delta, int ld, int col0, device c
 // last step, which nothing follows.
 template <typename T, int NB>
 inline void carried_dot(device const float* deltas, int col0, device const T* rt_row, int len,
-                        constant StepParams& p, int d, int n0, uint lane, thread float (&acc)[NB]) {
+                        constant StepParams& p, int d, int n0, uint lane, threadgroup float* stage,
+                        uint tid, bool unit, thread float (&acc)[NB]) {
   if (p.step + 1 < p.T) {
     transposed_dot<T, NB>(deltas + time_in(p, d, p.step + 1) * p.N * p.xp_ld, p.xp_ld, col0, rt_row,
-                          len, p.N, n0, lane, acc);
+                          len, p, n0, lane, stage, tid, unit, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }

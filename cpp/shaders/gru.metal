@@ -31,7 +31,7 @@ kernel void gru_step(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[3][NB];
   recurrent_dot<T, NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
-                          acc);
+                          stage, tid, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
@@ -64,7 +64,8 @@ kernel void gru_gates(STEP_KERNEL_PARAMS(T)) {
   device const T* v =
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[2][NB];
-  recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, acc);
+  recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, stage, tid,
+                          unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
@@ -92,7 +93,7 @@ kernel void gru_candidate(STEP_KERNEL_PARAMS(T)) {
   device const T* Rd = R + d * 3 * H * H;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0, p,
-                          n0, lane, acc);
+                          n0, lane, stage, tid, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   const float a_o = row_value<NB, 1>(acc, 0, lane) +
@@ -144,7 +145,8 @@ kernel void gru_backward(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  carried_dot<T, NB>(rdelta, d * 3 * H, rt + (d * H + u) * 3 * H, 3 * H, p, d, n0, lane, acc);
+  carried_dot<T, NB>(rdelta, d * 3 * H, rt + (d * H + u) * 3 * H, 3 * H, p, d, n0, lane, stage, tid,
+                     unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
@@ -183,7 +185,8 @@ kernel void gru_backward_zo(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  carried_dot<T, NB>(dxp, d * 3 * H, rt + (d * H + u) * 3 * H, 2 * H, p, d, n0, lane, acc);
+  carried_dot<T, NB>(dxp, d * 3 * H, rt + (d * H + u) * 3 * H, 2 * H, p, d, n0, lane, stage, tid,
+                     unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
@@ -223,7 +226,7 @@ kernel void gru_backward_r(BACKWARD_KERNEL_PARAMS(T)) {
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
   float acc[NB];
   transposed_dot<T, NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
-                        rt + (d * H + u) * 3 * H + 2 * H, H, p.N, n0, lane, acc);
+                        rt + (d * H + u) * 3 * H + 2 * H, H, p, n0, lane, stage, tid, unit, acc);
   STEP_LANE_ROW;
   const float du = lane_value<NB>(acc, lane);
   const float2 r =

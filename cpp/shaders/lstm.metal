@@ -17,7 +17,7 @@ kernel void lstm_step(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[4][NB];
   recurrent_dot<T, NB, 4>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 3 * H + u, p, n0,
-                          lane, acc);
+                          lane, stage, tid, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   float c_prev = 0.0f;
@@ -56,7 +56,8 @@ kernel void lstm_backward(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  carried_dot<T, NB>(dxp, d * 4 * H, rt + (d * H + u) * 4 * H, 4 * H, p, d, n0, lane, acc);
+  carried_dot<T, NB>(dxp, d * 4 * H, rt + (d * H + u) * 4 * H, 4 * H, p, d, n0, lane, stage, tid,
+                     unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;

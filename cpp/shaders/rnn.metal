@@ -15,7 +15,8 @@ kernel void rnn_step(STEP_KERNEL_PARAMS(T)) {
   device const T* v =
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[1][NB];
-  recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, acc);
+  recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, stage, tid,
+                          unit, acc);
   STEP_LANE_ROW;
   const float pre =
       row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
@@ -34,7 +35,7 @@ kernel void rnn_backward(BACKWARD_KERNEL_PARAMS(T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, acc);
+  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, stage, tid, unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;

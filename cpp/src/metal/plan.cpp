@@ -89,6 +89,8 @@ std::string set_step_grid(const Problem& p, Dispatch& d) {
   const int nb = batch_tile(p.N);
   d.threadgroups = {ceil_div(p.H, k::STEP_SIMDGROUPS), ceil_div(p.N, nb), uint64_t(p.D)};
   d.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
+  // The staged rows of the batch tile (state, or deltas), STEP_CHUNK columns at a time.
+  d.threadgroup_memory = uint32_t(nb * k::STEP_CHUNK * kF32);
   return "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
 }
 

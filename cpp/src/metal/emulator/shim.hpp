@@ -54,10 +54,11 @@ inline T clamp(T x, T lo, T hi) {
   return min(max(x, lo), hi);
 }
 
-// noinline: the return address identifies the call site, so threads waiting at different
-// barriers are told apart.
-[[gnu::noinline]] inline void threadgroup_barrier(mem_flags) {
-  rnncore::metal::emu::barrier(__builtin_return_address(0));
+// A barrier is identified by its place in the source (file and line, through the macro
+// below), so threads waiting at different barriers are told apart, and a barrier the
+// compiler duplicates (a loop unswitched on a simdgroup's condition) is still one barrier.
+inline void threadgroup_barrier_at(mem_flags, const char* site) {
+  rnncore::metal::emu::barrier(site);
 }
 
 [[gnu::noinline]] inline rnncore::metal::emu::SimdView simd_exchange(uint64_t bits) {
@@ -252,6 +253,11 @@ void simdgroup_multiply(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, 
 }  // namespace metal
 
 using namespace metal;
+
+#define RNNCORE_SHIM_STR2(x) #x
+#define RNNCORE_SHIM_STR(x) RNNCORE_SHIM_STR2(x)
+#define threadgroup_barrier(flags) \
+  ::metal::threadgroup_barrier_at(flags, __FILE__ ":" RNNCORE_SHIM_STR(__LINE__))
 
 // A program-scope function constant: reading it yields the value of the dispatch being run
 // and raises DeviceError if the dispatch does not set it (Metal cannot specialise a function
