@@ -117,6 +117,8 @@ def cell(record):
     text = fmt_ms(record["median_s"]) + ("*" if record.get("disturbed") else "")
     if record.get("cpu_use", 0) > record["threads"] + 0.3:
         text += "†"
+    if record.get("model_s") is not None:  # Metal: the cost model's time beside it
+        text += f" (model {record['model_gpu']} {fmt_ms(record['model_s'])})"
     return text
 
 
