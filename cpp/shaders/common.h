@@ -79,17 +79,19 @@ RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
   const int n = n0 + int(lane); \
   if (int(lane) >= NB || n >= p.N) return
 
-// The step kernels of an op for the four batch tiles and both storage types (float32, and
+// The step kernels of an op for the five batch tiles and both storage types (float32, and
 // float16 with float32 arithmetic): <op>_b<NB>_<f32|f16>, the names the plan dispatches.
-#define INSTANTIATE_STEP_KERNELS(op)            \
-  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>) \
-  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)  \
-  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>) \
-  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)  \
-  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>) \
-  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)  \
-  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>) \
-  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)
+#define INSTANTIATE_STEP_KERNELS(op)              \
+  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>)   \
+  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)    \
+  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>)   \
+  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)    \
+  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>)   \
+  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)    \
+  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>)   \
+  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)    \
+  INSTANTIATE_KERNEL(op##_b16_f32, op<float, 16>) \
+  INSTANTIATE_KERNEL(op##_b16_f16, op<half, 16>)
 
 // Activation codes: rnncore::Activation's values, which the plan passes through act_0..act_3
 // and cell_act unchanged.

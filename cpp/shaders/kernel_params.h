@@ -63,9 +63,9 @@ enum KernelSizes : int32_t {
   GEMM_TILE_M = 64,  // output rows per threadgroup
   GEMM_TILE_N = 64,  // output columns per threadgroup
   GEMM_TILE_K = 16,
-  GEMM_THREADS = 256,   // 8 simdgroups, each a 32 x 16 block of 8 x 8 simdgroup matrices
-  STEP_SIMDGROUPS = 8,  // hidden units per step threadgroup (one per simdgroup)
-  STEP_MAX_BATCH_TILE = 8,
+  GEMM_THREADS = 256,        // 8 simdgroups, each a 32 x 16 block of 8 x 8 simdgroup matrices
+  STEP_SIMDGROUPS = 8,       // hidden units per step threadgroup (one per simdgroup)
+  STEP_MAX_BATCH_TILE = 16,  // R is read once per batch tile per step
   // The step kernels stage the batch tile's state (gradients: deltas) rows in threadgroup
   // memory this many columns at a time, read once per threadgroup instead of once per unit.
   STEP_CHUNK = 256,

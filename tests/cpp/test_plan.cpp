@@ -84,9 +84,9 @@ TEST(Plan, LargeBidirectionalLstm) {
   EXPECT_EQ(proj.threadgroup_memory, uint32_t(64 * 64 * 4));  // the C tile outgrows the K slices
   EXPECT_LE(proj.threadgroup_memory, Limits::max_threadgroup_memory);
   const Dispatch& s = plan.dispatches[7];
-  EXPECT_EQ(s.kernel, "lstm_step_b8_f32");
+  EXPECT_EQ(s.kernel, "lstm_step_b16_f32");
   EXPECT_EQ(s.threadgroups.x, 128u);  // ceil(1024 / STEP_SIMDGROUPS)
-  EXPECT_EQ(s.threadgroups.y, 16u);
+  EXPECT_EQ(s.threadgroups.y, 8u);    // N = 128 in tiles of 16
   EXPECT_EQ(s.threadgroups.z, 2u);
   const k::StepParams sp = step_params(s);
   EXPECT_EQ(sp.step, 6);
@@ -104,8 +104,9 @@ TEST(Plan, LargeBidirectionalLstm) {
 }
 
 TEST(Plan, BatchTileCoversTheBatch) {
-  const std::pair<int64_t, const char*> cases[] = {{1, "_b1_"}, {2, "_b2_"}, {3, "_b4_"},
-                                                   {4, "_b4_"}, {5, "_b8_"}, {67, "_b8_"}};
+  const std::pair<int64_t, const char*> cases[] = {{1, "_b1_"},  {2, "_b2_"},  {3, "_b4_"},
+                                                   {4, "_b4_"},  {5, "_b8_"},  {8, "_b8_"},
+                                                   {9, "_b16_"}, {67, "_b16_"}};
   for (const auto& [N, tile] : cases) {
     const Plan plan = plan_forward(problem(OpKind::Rnn, 2, N, 3, 31), {});
     const Dispatch& d = plan.dispatches.back();

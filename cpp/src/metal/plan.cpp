@@ -80,8 +80,9 @@ BytesArg bytes_of(uint32_t index, const Params& params) {
 
 uint64_t ceil_div(int64_t a, int64_t b) { return static_cast<uint64_t>((a + b - 1) / b); }
 
-// Smallest batch tile of the step kernels that covers min(N, 8) rows.
-int batch_tile(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8; }
+// Smallest batch tile of the step kernels that covers min(N, 16) rows: larger tiles read R
+// fewer times a step (once per tile), smaller ones waste no lanes at small N.
+int batch_tile(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : N <= 8 ? 8 : 16; }
 
 // The grid of the (forward and gradient) step kernels; returns their name suffix
 // "_b<tile>_<dtype>".
