@@ -49,9 +49,10 @@ def test_projection_counts_follow_from_the_shapes():
     assert gemm["flops"] == 2 * 64 * 64 * 32
 
 
-def test_step_flops_are_the_recurrent_products():
+def test_step_flops_are_the_recurrent_products(monkeypatch):
     """A reset-after GRU step after the first: the three products R h, 2 G H H N FLOPs; the
     first has no initial state and no product; steps after two measured ones are repeats."""
+    monkeypatch.setenv("RNNCORE_METAL_PERSISTENT", "never")
     T, N, H = 5, 8, 16  # noqa: N806
     recs = counted(gru_forward(T, N, 16, H))
     steps = [r for r in recs if r["kernel"].startswith("gru_step")]
@@ -60,6 +61,23 @@ def test_step_flops_are_the_recurrent_products():
     assert all(s["flops"] == 2 * 3 * H * H * N for s in steps[1:])
     assert [s["repeated"] for s in steps] == [False, False, True, True, True]
     assert all(s["bytes_written"] >= 4 * N * H for s in steps)  # at least the new state
+
+
+def test_persistent_kernel_counts_every_step_and_barrier(monkeypatch):
+    """The persistent kernel (one threadgroup, all steps): the products of every step after
+    the first, and the barriers of its chain: two around the staged state of each step but
+    the first (no initial state), and one after each step."""
+    monkeypatch.setenv("RNNCORE_METAL_PERSISTENT", "auto")
+    T, N, H = 5, 8, 16  # noqa: N806
+    recs = counted(gru_forward(T, N, 16, H))
+    assert [r["kernel"] for r in recs] == ["gemm_fff", "gru_persistent_b8_f32"]
+    p = recs[1]
+    assert p["threadgroups"] == 1 and p["threads_per_threadgroup"] == 32 * H
+    assert p["flops"] == 2 * 3 * H * H * N * (T - 1)
+    assert p["barriers"] == 1 + 3 * (T - 1)
+    # The R rows of each step, and at least the new state of each step, move.
+    assert p["bytes_read"] >= 4 * 3 * H * H * (T - 1)
+    assert p["bytes_written"] >= 4 * N * H * T
 
 
 def test_counting_leaves_other_calls_alone():
@@ -78,6 +96,15 @@ def test_model_arithmetic():
     # 70 x 1 us of memory + 2 us of compute + 71 dispatches + 2 command buffers (64 each).
     assert bounds == ["memory"] * 70 + ["compute"]
     assert math.isclose(t, 70e-6 + 2e-6 + 71e-6 + 2e-5)
+    # One threadgroup: one core's bandwidth (32 B a clock) and a chain of barriers.
+    one = cost.Gpu("one", bandwidth=1e12, flops=1e15, cores=8, clock=1e9, dispatch_s=0,
+                   command_buffer_s=0, phase_s=1e-6)  # fmt: skip
+    narrow = {"plan": 0, "threadgroups": 1, "bytes_read": 32e3, "bytes_written": 0, "flops": 0}
+    t, bounds = cost.expected([narrow], one)
+    assert bounds == ["memory"] and math.isclose(t, 32e3 / 32e9)
+    chained = dict(narrow, barriers=2000)
+    t, bounds = cost.expected([chained], one)
+    assert bounds == ["latency"] and math.isclose(t, 2e-3)
 
 
 def test_cost_command_line():
@@ -87,7 +114,8 @@ def test_cost_command_line():
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "lstm_step_b2_f32" in out.stdout and "lstm_backward_b2_f32" in out.stdout
+    assert "lstm_persistent_b2_f32" in out.stdout
+    assert "lstm_backward_persistent_b2_f32" in out.stdout
     for gpu in cost.GPUS:
         assert f"expected on {gpu}" in out.stdout
 

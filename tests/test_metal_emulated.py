@@ -47,9 +47,9 @@ DESCRIPTORS = {
 }
 
 
-def run(name, args):
+def run(name, args, device="metal-emulated"):
     op = "gru" if name.startswith("gru") else name
-    return getattr(rnncore, op)(**args, descriptor=DESCRIPTORS[name], device="metal-emulated")
+    return getattr(rnncore, op)(**args, descriptor=DESCRIPTORS[name], device=device)
 
 
 def test_listed_last_and_never_the_default(monkeypatch):
@@ -62,11 +62,14 @@ def test_listed_last_and_never_the_default(monkeypatch):
     assert rnncore.single_gate_rnn(x, np.eye(3)).state.dtype == np.float64
 
 
+@pytest.mark.parametrize("kernels", ["never", "always"])
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
-def test_shuffled_schedule_gives_identical_results(name, monkeypatch, rng):
-    """Threads of each threadgroup run in random orders: the kernels synchronise correctly,
-    so every output is bit-identical to the in-order run."""
+def test_shuffled_schedule_gives_identical_results(name, kernels, monkeypatch, rng):
+    """Threads of each threadgroup run in random orders: the kernels (per-step, and
+    persistent: RNNCORE_METAL_PERSISTENT) synchronise correctly, so every output is
+    bit-identical to the in-order run."""
     op = "gru" if name.startswith("gru") else name
+    monkeypatch.setenv("RNNCORE_METAL_PERSISTENT", kernels)
     args = inputs(op, rng)
     monkeypatch.setenv("RNNCORE_EMULATOR_SCHEDULE", "ordered")
     ordered = run(name, args)
@@ -78,13 +81,13 @@ def test_shuffled_schedule_gives_identical_results(name, monkeypatch, rng):
                 np.testing.assert_array_equal(a, b)
 
 
-def forward_and_gradients(name, args, rng):
+def forward_and_gradients(name, args, rng, device="metal-emulated"):
     """Every output of the op's forward (training) and gradient calls on the emulator: the
     real kernels of the op (steps, projection GEMM, R^T, gradient steps, weight-gradient
     GEMMs, column sums)."""
     op = "gru" if name.startswith("gru") else name
     dtype = args["source"].dtype
-    fwd = run(name, args)
+    fwd = run(name, args, device)
     grad_args = dict(args, z_state=fwd.z_state)
     grad_args["source_gradient"] = rng.standard_normal(fwd.state.shape).astype(dtype)
     grad_args["state_gradient"] = rng.standard_normal(args["init_state"].shape).astype(dtype)
@@ -94,7 +97,7 @@ def forward_and_gradients(name, args, rng):
         grad_args["cell_output_fwd"] = fwd.cell
         grad_args["cell_gradient"] = rng.standard_normal(fwd.cell.shape).astype(dtype)
     grads = getattr(rnncore, op + "_gradients")(
-        **grad_args, descriptor=DESCRIPTORS[name], device="metal-emulated"
+        **grad_args, descriptor=DESCRIPTORS[name], device=device
     )
     return [a for a in (*fwd, *grads) if a is not None]
 
@@ -115,6 +118,51 @@ def test_threadgroup_order_gives_identical_results(name, dtype, monkeypatch):
         assert len(got) == len(expected)
         for a, b in zip(expected, got):
             np.testing.assert_array_equal(a, b, err_msg=order)
+
+
+# Awkward sizes for the step kernels: T = 1, N = 1, H = 1, H and N off multiples of 8 and 32.
+AWKWARD = [(1, 1, 1), (3, 1, 31), (4, 5, 33), (2, 8, 32), (2, 9, 7)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_persistent_kernels_match_the_per_step_kernels(name, dtype, monkeypatch):
+    """A persistent kernel runs the per-step kernels' bodies for every step and grid position
+    in one threadgroup: every forward and gradient output is bit-identical to the per-step
+    plan's (one dispatch a step), with every optional input, at awkward sizes; and with a
+    pipeline that allows fewer threads (a GPU's limit for a kernel with many registers) the
+    persistent kernel takes fewer simdgroups, with the same results."""
+    op = "gru" if name.startswith("gru") else name
+    for T, N, H in AWKWARD:
+        rng = np.random.default_rng(T * 100 + N * 10 + H)
+        args = {k: v.astype(dtype) for k, v in inputs(op, rng, T=T, N=N, H=H).items()}
+        runs = {}
+        for mode, max_threads in (("never", "1024"), ("always", "1024"), ("always", "288")):
+            monkeypatch.setenv("RNNCORE_METAL_PERSISTENT", mode)
+            monkeypatch.setenv("RNNCORE_EMULATOR_MAX_THREADS", max_threads)
+            runs[mode, max_threads] = forward_and_gradients(name, args, np.random.default_rng(6))
+        expected = runs["never", "1024"]
+        for key, got in runs.items():
+            assert len(got) == len(expected)
+            for a, b in zip(expected, got):
+                np.testing.assert_array_equal(a, b, err_msg=f"{key} T={T} N={N} H={H}")
+
+
+def test_pipeline_thread_limit_refuses_fixed_threadgroups(monkeypatch, rng):
+    """Kernels planned for a fixed threadgroup (the GEMMs: 256 threads) are refused, by name,
+    where the pipeline allows fewer, as the metal-cpp executor refuses them."""
+    monkeypatch.setenv("RNNCORE_EMULATOR_MAX_THREADS", "128")
+    with pytest.raises(RuntimeError, match=r"gemm_fff' needs 256 threads .* allows 128"):
+        run("single_gate_rnn", inputs("single_gate_rnn", rng))
+    monkeypatch.setenv("RNNCORE_EMULATOR_MAX_THREADS", "lots")
+    with pytest.raises(ValueError, match="RNNCORE_EMULATOR_MAX_THREADS"):
+        run("single_gate_rnn", inputs("single_gate_rnn", rng))
+
+
+def test_bad_persistent_setting_is_refused(monkeypatch, rng):
+    monkeypatch.setenv("RNNCORE_METAL_PERSISTENT", "sometimes")
+    with pytest.raises(ValueError, match="RNNCORE_METAL_PERSISTENT"):
+        run("single_gate_rnn", inputs("single_gate_rnn", rng))
 
 
 def test_bad_order_setting_is_refused(monkeypatch, rng):
@@ -180,3 +228,23 @@ def test_concurrent_calls_match_serial(rng):
         t.join()
     for a, b in zip(serial, results):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_split_reductions_match_float64(name):
+    """Long reductions after the gradient loop (K = T*N = 400: dR and dW split along K into
+    partials; the bias, secondary-bias and peephole gradients summed in row blocks, then
+    their partials summed) give the float64 CPU results to float32 accuracy: within 3e-6 of
+    each output's largest value (measured: at most 1.4e-6), or twice the CPU's own float32
+    error where that is larger (the peephole gradient's sums cancel: 2.1e-5 on both)."""
+    op = "gru" if name.startswith("gru") else name
+    args = inputs(op, np.random.default_rng(11), T=50, N=8, I=5, H=9)
+    got = forward_and_gradients(name, args, np.random.default_rng(6))
+    f64 = {k: v.astype(np.float64) for k, v in args.items()}
+    want = forward_and_gradients(name, f64, np.random.default_rng(6), device="cpu")
+    cpu32 = forward_and_gradients(name, args, np.random.default_rng(6), device="cpu")
+    assert len(got) == len(want) == len(cpu32)
+    for a, b, c in zip(got, want, cpu32):
+        scale = max(1.0, float(np.abs(b).max()))
+        tolerance = max(3e-6 * scale, 2 * float(np.abs(c - b).max()))
+        np.testing.assert_allclose(a, b, rtol=0, atol=tolerance)

@@ -19,57 +19,144 @@ using namespace rnncore::kernels;
 RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
 #undef RNNCORE_DECLARE_CONSTANT
 
-// What both step signatures take, at the indices of their buffer table B (SB or BB): the
-// initial state and cell, the mask and the peepholes; then the params and thread positions.
-#define STEP_STATE_INPUTS(T, B)                                                \
-  device const T *h0 [[buffer(B##_H0), function_constant(has_init_state)]],    \
-      device const T *c0 [[buffer(B##_C0), function_constant(has_init_cell)]], \
-      device const T *mask [[buffer(B##_MASK), function_constant(has_mask)]],  \
-      device const T *peephole [[buffer(B##_PEEPHOLE), function_constant(has_peephole)]]
-#define STEP_THREAD_PARAMS(B)                                                                \
-  constant StepParams &p [[buffer(B##_PARAMS)]], THREADGROUP_BUFFER(float, stage, 0),        \
+// The params in thread memory, field by field (a copy across address spaces that every MSL
+// front end takes), so that a persistent kernel can step them and the bodies read one type.
+inline StepParams load_params(constant StepParams& c) {
+  StepParams p;
+  p.T = c.T, p.N = c.N, p.H = c.H, p.step = c.step, p.steps = c.steps, p.reverse = c.reverse;
+  p.xp_ld = c.xp_ld, p.y_ld = c.y_ld, p.z_ld = c.z_ld, p.mask_rs = c.mask_rs, p.mask_cs = c.mask_cs;
+  return p;
+}
+
+// The buffers of the step kernels, forward (StepBuffer indices) and gradient (BackwardBuffer),
+// as X-macros: U(type, name, index) for a buffer every dispatch binds, C(type, name, index,
+// constant) for one absent through its function constant. The kernels' signatures, the step
+// bodies' parameters and the calls from kernel to body all expand the same list.
+#define FORWARD_BUFFERS(T, U, C)                          \
+  U(device const T*, xp, SB_XP)                           \
+  U(device const T*, R, SB_R)                             \
+  C(device const T*, h0, SB_H0, has_init_state)           \
+  C(device const T*, c0, SB_C0, has_init_cell)            \
+  C(device const T*, mask, SB_MASK, has_mask)             \
+  C(device const T*, peephole, SB_PEEPHOLE, has_peephole) \
+  C(device const T*, b2, SB_B2, has_secondary_bias)       \
+  U(device T*, y, SB_Y)                                   \
+  C(device T*, c, SB_C, has_cell)                         \
+  C(device T*, z, SB_Z, training)                         \
+  C(device T*, ws, SB_WS, has_workspace)
+
+// Inputs and outputs are in the storage type T; what the gradient steps keep for each other
+// and for the weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that
+// float16 storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
+#define BACKWARD_BUFFERS(T, U, C)                         \
+  U(device const T*, rt, BB_RT)                           \
+  U(device const T*, z, BB_Z)                             \
+  C(device const T*, h_fwd, BB_HFWD, has_hfwd)            \
+  C(device const T*, c_fwd, BB_CFWD, has_cfwd)            \
+  C(device const T*, h0, BB_H0, has_init_state)           \
+  C(device const T*, c0, BB_C0, has_init_cell)            \
+  C(device const T*, mask, BB_MASK, has_mask)             \
+  C(device const T*, peephole, BB_PEEPHOLE, has_peephole) \
+  U(device const T*, dy, BB_DY)                           \
+  C(device const T*, dh_final, BB_DH_FINAL, has_dh_final) \
+  C(device const T*, dc_final, BB_DC_FINAL, has_dc_final) \
+  C(device const T*, dc_steps, BB_DC_STEPS, has_dc_steps) \
+  U(device float*, dxp, BB_DXP)                           \
+  C(device float*, rdelta, BB_RDELTA, has_rdelta)         \
+  U(device float*, htilde, BB_HTILDE)                     \
+  C(device float*, u_in, BB_U, has_u)                     \
+  U(device float*, carry, BB_CARRY)                       \
+  C(device float*, cprev, BB_CPREV, has_peephole)         \
+  C(device T*, dh0, BB_DH0, want_dh0)                     \
+  C(device T*, dc0, BB_DC0, want_dc0)
+
+#define KERNEL_BUFFER(type, name, index) type name [[buffer(index)]],
+#define KERNEL_BUFFER_IF(type, name, index, fc) type name [[buffer(index), function_constant(fc)]],
+#define BODY_BUFFER(type, name, index) type name,
+#define BODY_BUFFER_IF(type, name, index, fc) type name,
+#define PASS_BUFFER(type, name, index) name,
+#define PASS_BUFFER_IF(type, name, index, fc) name,
+
+// A step body: template <typename T, int NB> inline void <op>_at(STEP_BODY_PARAMS(B, T)),
+// where B is FORWARD_BUFFERS or BACKWARD_BUFFERS. It computes what one threadgroup of the
+// per-step grid computes (threadgroup tgid; sgs simdgroups, each owning one hidden unit) for
+// the step p.step: the per-step kernels call it once, the persistent ones for every step and
+// every position of the grid in turn.
+#define STEP_BODY_PARAMS(B, T)                                                                    \
+  B(T, BODY_BUFFER, BODY_BUFFER_IF)                                                               \
+  thread const StepParams &p, threadgroup float *stage, uint3 tgid, uint tid, uint sg, uint lane, \
+      int sgs
+
+// The kernels' own parameters after their buffers (BT: SB or BB, the buffer table).
+#define STEP_KERNEL_TAIL(BT)                                                                 \
+  constant StepParams &params [[buffer(BT##_PARAMS)]], THREADGROUP_BUFFER(float, stage, 0),  \
       uint3 tgid [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]], \
       uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
+#define PERSISTENT_KERNEL_TAIL(BT)                                                            \
+  constant StepParams &params [[buffer(BT##_PARAMS)]], THREADGROUP_BUFFER(float, stage, 0),   \
+      uint3 tg_threads [[threads_per_threadgroup]], uint tid [[thread_index_in_threadgroup]], \
+      uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]
 
-// Every step kernel takes the same arguments (StepBuffer order); buffers an op does not use
-// are absent through their function constant.
-#define STEP_KERNEL_PARAMS(T)                                                                  \
-  device const T *xp [[buffer(SB_XP)]], device const T *R [[buffer(SB_R)]],                    \
-      STEP_STATE_INPUTS(T, SB),                                                                \
-      device const T *b2 [[buffer(SB_B2), function_constant(has_secondary_bias)]],             \
-      device T *y [[buffer(SB_Y)]], device T *c [[buffer(SB_C), function_constant(has_cell)]], \
-      device T *z [[buffer(SB_Z), function_constant(training)]],                               \
-      device T *ws [[buffer(SB_WS), function_constant(has_workspace)]], STEP_THREAD_PARAMS(SB)
+// The per-step kernel <op> of a body <op>_at: grid (ceil(N / NB), ceil(H / STEP_SIMDGROUPS),
+// D), batch tiles along x so that the threadgroups sharing R's rows run together.
+#define DEFINE_STEP_KERNEL(op, B, BT)                                               \
+  template <typename T, int NB>                                                     \
+  kernel void op(B(T, KERNEL_BUFFER, KERNEL_BUFFER_IF) STEP_KERNEL_TAIL(BT)) {      \
+    const StepParams p = load_params(params);                                       \
+    op##_at<T, NB>(B(T, PASS_BUFFER, PASS_BUFFER_IF) p, stage, tgid, tid, sg, lane, \
+                   int(STEP_SIMDGROUPS));                                           \
+  }                                                                                 \
+  INSTANTIATE_STEP_KERNELS(op)
 
-// Every gradient step kernel takes the same arguments (BackwardBuffer order). Inputs and
-// outputs are in the storage type T; what the steps keep for each other and for the
-// weight-gradient GEMMs (dX', R's deltas, h~, the carries) is float32, so that float16
-// storage does not round the sums that cancel (contract tolerance 1e-2 for float16).
-#define BACKWARD_KERNEL_PARAMS(T)                                                        \
-  device const T *rt [[buffer(BB_RT)]], device const T *z [[buffer(BB_Z)]],              \
-      device const T *h_fwd [[buffer(BB_HFWD), function_constant(has_hfwd)]],            \
-      device const T *c_fwd [[buffer(BB_CFWD), function_constant(has_cfwd)]],            \
-      STEP_STATE_INPUTS(T, BB), device const T *dy [[buffer(BB_DY)]],                    \
-      device const T *dh_final [[buffer(BB_DH_FINAL), function_constant(has_dh_final)]], \
-      device const T *dc_final [[buffer(BB_DC_FINAL), function_constant(has_dc_final)]], \
-      device const T *dc_steps [[buffer(BB_DC_STEPS), function_constant(has_dc_steps)]], \
-      device float *dxp [[buffer(BB_DXP)]],                                              \
-      device float *rdelta [[buffer(BB_RDELTA), function_constant(has_rdelta)]],         \
-      device float *htilde [[buffer(BB_HTILDE)]],                                        \
-      device float *u_in [[buffer(BB_U), function_constant(has_u)]],                     \
-      device float *carry [[buffer(BB_CARRY)]],                                          \
-      device float *cprev [[buffer(BB_CPREV), function_constant(has_peephole)]],         \
-      device T *dh0 [[buffer(BB_DH0), function_constant(want_dh0)]],                     \
-      device T *dc0 [[buffer(BB_DC0), function_constant(want_dc0)]], STEP_THREAD_PARAMS(BB)
+// Every position of the per-step grid for one step, in turn, by the one threadgroup of a
+// persistent kernel (sgs simdgroups); then a barrier, after which the step's stores to device
+// memory are visible to the whole threadgroup (the next pass reads them).
+#define PERSISTENT_PASS(op, B)                                                                 \
+  for (uint gz = 0; gz < grid.z; ++gz)                                                         \
+    for (uint gy = 0; gy < grid.y; ++gy)                                                       \
+      for (uint gx = 0; gx < grid.x; ++gx)                                                     \
+        op##_at<T, NB>(B(T, PASS_BUFFER, PASS_BUFFER_IF) p, stage, uint3(gx, gy, gz), tid, sg, \
+                       lane, sgs);                                                             \
+  threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup)
 
-// Opens every (forward or gradient) step kernel template <typename T, int NB>: simdgroup sg
-// owns hidden unit u of direction d for batch rows n0 .. n0 + NB - 1. A simdgroup past H
-// (unit false) still stages its share of the rows and reaches every barrier of the product,
-// then returns whole, so no simd operation is left half-done.
-#define STEP_PROLOGUE                                    \
-  const int d = int(tgid.z);                             \
-  const int u = int(tgid.x) * STEP_SIMDGROUPS + int(sg); \
-  const int n0 = int(tgid.y) * NB;                       \
+// A persistent kernel: one threadgroup runs params.steps steps from params.step (forward:
+// upwards; gradients: downwards, to -1), each as the per-step kernel `first` (then `second`,
+// for ops of two dispatches a step, but not at gradient step -1) over the whole grid, so a
+// long sequence of a small problem costs one dispatch instead of one a step. The plan picks
+// it for problems of a few threadgroups a step; it adapts to the threadgroup size it is given.
+#define PERSISTENT_KERNEL_OPEN(name, B, BT, direction)                                     \
+  template <typename T, int NB>                                                            \
+  kernel void name(B(T, KERNEL_BUFFER, KERNEL_BUFFER_IF) PERSISTENT_KERNEL_TAIL(BT)) {     \
+    StepParams p = load_params(params);                                                    \
+    const int sgs = int(tg_threads.x) / int(SIMD_WIDTH);                                   \
+    const uint3 grid =                                                                     \
+        uint3(uint((p.N + NB - 1) / NB), uint((p.H + sgs - 1) / sgs), uint(p.y_ld / p.H)); \
+    for (int i = 0; i < params.steps; ++i) {                                               \
+      p.step = params.step + (direction)*i;
+#define DEFINE_PERSISTENT_KERNEL(name, B, BT, direction, first) \
+  PERSISTENT_KERNEL_OPEN(name, B, BT, direction)                \
+  PERSISTENT_PASS(first, B);                                    \
+  }                                                             \
+  }                                                             \
+  INSTANTIATE_PERSISTENT_KERNELS(name)
+#define DEFINE_PERSISTENT_KERNEL2(name, B, BT, direction, first, second) \
+  PERSISTENT_KERNEL_OPEN(name, B, BT, direction)                         \
+  PERSISTENT_PASS(first, B);                                             \
+  if (p.step >= 0) {                                                     \
+    PERSISTENT_PASS(second, B);                                          \
+  }                                                                      \
+  }                                                                      \
+  }                                                                      \
+  INSTANTIATE_PERSISTENT_KERNELS(name)
+
+// Opens every step body: simdgroup sg owns hidden unit u of direction d for batch rows
+// n0 .. n0 + NB - 1. A simdgroup past H (unit false) still stages its share of the rows and
+// reaches every barrier of the product, then returns whole, so no simd operation is left
+// half-done.
+#define STEP_PROLOGUE                        \
+  const int d = int(tgid.z);                 \
+  const int u = int(tgid.y) * sgs + int(sg); \
+  const int n0 = int(tgid.x) * NB;           \
   const bool unit = u < p.H
 
 // After the simdgroup's sums: lane j < NB finishes batch row n = n0 + j; the other lanes
@@ -92,6 +179,17 @@ RNNCORE_FUNCTION_CONSTANTS(RNNCORE_DECLARE_CONSTANT)
   INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)    \
   INSTANTIATE_KERNEL(op##_b16_f32, op<float, 16>) \
   INSTANTIATE_KERNEL(op##_b16_f16, op<half, 16>)
+
+// The persistent kernels for batch tiles up to 8 (they loop over the tiles).
+#define INSTANTIATE_PERSISTENT_KERNELS(op)      \
+  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>) \
+  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)  \
+  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>) \
+  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)  \
+  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>) \
+  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)  \
+  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>) \
+  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)
 
 // Activation codes: rnncore::Activation's values, which the plan passes through act_0..act_3
 // and cell_act unchanged.
@@ -153,12 +251,12 @@ struct StepTimes {
 
 // Time indices of processing step s (the contract's flips): at input time (x', dX') and at
 // output time (state, cell, training state).
-inline int time_in(constant StepParams& p, int d, int s) {
+inline int time_in(thread const StepParams& p, int d, int s) {
   return d == 1 || p.reverse != 0 ? p.T - 1 - s : s;
 }
-inline int time_out(constant StepParams& p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
+inline int time_out(thread const StepParams& p, int d, int s) { return d == 1 ? p.T - 1 - s : s; }
 
-inline StepTimes step_times(constant StepParams& p, int d) {
+inline StepTimes step_times(thread const StepParams& p, int d) {
   StepTimes st;
   st.t_in = time_in(p, d, p.step);
   st.t_out = time_out(p, d, p.step);
@@ -168,7 +266,7 @@ inline StepTimes step_times(constant StepParams& p, int d) {
 
 // The mask element of batch row n, state column col (broadcast through zero strides).
 template <typename T>
-inline float mask_at(device const T* mask, constant StepParams& p, int n, int col) {
+inline float mask_at(device const T* mask, thread const StepParams& p, int n, int col) {
   return has_mask ? float(mask[n * p.mask_rs + col * p.mask_cs]) : 1.0f;
 }
 
@@ -178,8 +276,9 @@ inline float mask_at(device const T* mask, constant StepParams& p, int n, int co
 // per threadgroup. The caller brackets it with barriers.
 template <typename T, typename V, int NB>
 inline void stage_rows(V v, int v_ld, int col, int k0, int len, bool masked, device const T* mask,
-                       constant StepParams& p, int n0, threadgroup float* stage, uint tid) {
-  for (int e = int(tid); e < NB * len; e += STEP_SIMDGROUPS * SIMD_WIDTH) {
+                       thread const StepParams& p, int n0, threadgroup float* stage, uint tid,
+                       int sgs) {
+  for (int e = int(tid); e < NB * len; e += sgs * int(SIMD_WIDTH)) {
     const int j = e / len, i = e % len, n = n0 + j;
     float h = 0.0f;
     if (n < p.N) {
@@ -198,15 +297,16 @@ inline void stage_rows(V v, int v_ld, int col, int k0, int len, bool masked, dev
 template <typename T, int NB, int NG>
 inline void recurrent_dot(device const T* v, int v_ld, int v_col, bool masked, device const T* mask,
                           device const T* R, int rows0, int rows1, int rows2, int rows3,
-                          constant StepParams& p, int n0, uint lane, threadgroup float* stage,
-                          uint tid, bool unit, thread float (&acc)[NG][NB]) {
+                          thread const StepParams& p, int n0, uint lane, threadgroup float* stage,
+                          uint tid, int sgs, bool unit, thread float (&acc)[NG][NB]) {
   const int rows[4] = {rows0, rows1, rows2, rows3};
   for (int g = 0; g < NG; ++g)
     for (int j = 0; j < NB; ++j) acc[g][j] = 0.0f;
   if (v) {
     for (int k0 = 0; k0 < p.H; k0 += STEP_CHUNK) {
       const int len = min(int(STEP_CHUNK), p.H - k0);
-      stage_rows<T, device const T*, NB>(v, v_ld, v_col, k0, len, masked, mask, p, n0, stage, tid);
+      stage_rows<T, device const T*, NB>(v, v_ld, v_col, k0, len, masked, mask, p, n0, stage, tid,
+                                         sgs);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       if (unit) {
         for (int i = int(lane); i < len; i += SIMD_WIDTH) {
@@ -243,13 +343,14 @@ enum CarrySlot : int32_t { CARRY_DIRECT = 0, CARRY_DU = 1, CARRY_CELL = 2 };
 // threadgroup stages the batch tile's delta rows STEP_CHUNK columns at a time.
 template <typename T, int NB>
 inline void transposed_dot(device const float* delta, int ld, int col0, device const T* rt_row,
-                           int len, constant StepParams& p, int n0, uint lane,
-                           threadgroup float* stage, uint tid, bool unit, thread float (&acc)[NB]) {
+                           int len, thread const StepParams& p, int n0, uint lane,
+                           threadgroup float* stage, uint tid, int sgs, bool unit,
+                           thread float (&acc)[NB]) {
   for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   for (int k0 = 0; k0 < len; k0 += STEP_CHUNK) {
     const int chunk = min(int(STEP_CHUNK), len - k0);
     stage_rows<T, device const float*, NB>(delta, ld, col0, k0, chunk, false, nullptr, p, n0, stage,
-                                           tid);
+                                           tid, sgs);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (unit) {
       for (int i = int(lane); i < chunk; i += SIMD_WIDTH) {
@@ -267,11 +368,12 @@ inline void transposed_dot(device const float* delta, int ld, int col0, device c
 // last step, which nothing follows.
 template <typename T, int NB>
 inline void carried_dot(device const float* deltas, int col0, device const T* rt_row, int len,
-                        constant StepParams& p, int d, int n0, uint lane, threadgroup float* stage,
-                        uint tid, bool unit, thread float (&acc)[NB]) {
+                        thread const StepParams& p, int d, int n0, uint lane,
+                        threadgroup float* stage, uint tid, int sgs, bool unit,
+                        thread float (&acc)[NB]) {
   if (p.step + 1 < p.T) {
     transposed_dot<T, NB>(deltas + time_in(p, d, p.step + 1) * p.N * p.xp_ld, p.xp_ld, col0, rt_row,
-                          len, p, n0, lane, stage, tid, unit, acc);
+                          len, p, n0, lane, stage, tid, sgs, unit, acc);
   } else {
     for (int j = 0; j < NB; ++j) acc[j] = 0.0f;
   }

@@ -23,12 +23,15 @@ kernel void gemm(device const TA* a [[buffer(GB_A)]],
                  uint tid [[thread_index_in_threadgroup]],
                  uint sg [[simdgroup_index_in_threadgroup]]) {
   const int m0 = int(tgid.y) * GEMM_TILE_M, n0 = int(tgid.x) * GEMM_TILE_N;
-  a += int(tgid.z) * p.a_zs;
-  c += int(tgid.z) * p.c_zs;
+  const int splits = max(p.splits, 1), batch = int(tgid.z) / splits, split = int(tgid.z) % splits;
+  const int k_begin = splits > 1 ? split * p.k_per : 0;
+  const int k_end = splits > 1 ? min(p.K, k_begin + p.k_per) : p.K;
+  a += batch * p.a_zs;
+  c += batch * p.c_zs + split * p.c_ss;
   threadgroup float* cs = tiles;  // [TILE_M][TILE_N], after the K loop
 
   if (has_weight) {
-    device const TB* bz = b + int(tgid.z) * p.b_zs;
+    device const TB* bz = b + batch * p.b_zs;
     threadgroup float* as = tiles;                               // [TILE_K][TILE_M]
     threadgroup float* bs = tiles + GEMM_TILE_K * GEMM_TILE_M;   // [TILE_K][TILE_N]
     const int sm = 32 * (int(sg) / 4), sn = 16 * (int(sg) % 4);  // this simdgroup's block
@@ -37,17 +40,18 @@ kernel void gemm(device const TA* a [[buffer(GB_A)]],
       for (int j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     // Stage along the contiguous index so that neighbouring threads read neighbouring words.
     const bool a_k_major = p.a_cs == 1, b_k_major = p.b_rs == 1;
-    for (int k0 = 0; k0 < p.K; k0 += GEMM_TILE_K) {
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TILE_K) {
       for (int e = int(tid); e < GEMM_TILE_M * GEMM_TILE_K; e += GEMM_THREADS) {
         const int ar = a_k_major ? e / GEMM_TILE_K : e % GEMM_TILE_M;
         const int ak = a_k_major ? e % GEMM_TILE_K : e / GEMM_TILE_M;
         const int m = m0 + ar, ka = k0 + ak;
-        as[ak * GEMM_TILE_M + ar] = m < p.M && ka < p.K ? float(a[m * p.a_rs + ka * p.a_cs]) : 0.0f;
+        as[ak * GEMM_TILE_M + ar] =
+            m < p.M && ka < k_end ? float(a[m * p.a_rs + ka * p.a_cs]) : 0.0f;
         const int bn = b_k_major ? e / GEMM_TILE_K : e % GEMM_TILE_N;
         const int bk = b_k_major ? e % GEMM_TILE_K : e / GEMM_TILE_N;
         const int n = n0 + bn, kb = k0 + bk;
         bs[bk * GEMM_TILE_N + bn] =
-            n < p.N && kb < p.K ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
+            n < p.N && kb < k_end ? float(bz[kb * p.b_rs + n * p.b_cs]) : 0.0f;
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);
       for (int k = 0; k < GEMM_TILE_K; k += 8) {
@@ -86,10 +90,12 @@ INSTANTIATE_KERNEL(gemm_fff, gemm<float, float, float>)
 INSTANTIATE_KERNEL(gemm_hhh, gemm<half, half, half>)
 INSTANTIATE_KERNEL(gemm_fhh, gemm<float, half, half>)
 INSTANTIATE_KERNEL(gemm_ffh, gemm<float, float, half>)
+INSTANTIATE_KERNEL(gemm_fhf, gemm<float, half, float>)  // float16 dW's split-K partials
 
-// One thread per column, rows in order: neighbouring threads read neighbouring words.
-// Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, ~0.1 ms (bandwidth).
-// Sums float32 intermediates (dX', R's deltas, previous cells) into an output of type T.
+// One thread per column, the rows of one block (grid y) in order: neighbouring threads read
+// neighbouring words. Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, in 25
+// row blocks (75 threadgroups, not 3) and a second pass over the 25 partial rows. Sums
+// float32 intermediates (dX', R's deltas, previous cells) into an output of type T.
 template <typename T>
 kernel void column_sums(device const float* a [[buffer(CB_A)]],
                         device const float* s [[buffer(CB_S), function_constant(has_scale)]],
@@ -100,14 +106,16 @@ kernel void column_sums(device const float* a [[buffer(CB_A)]],
   const int col = int(tgid.x) * GEMM_THREADS + int(tid);
   if (col >= p.cols) return;
   device const float* az = a + int(tgid.z) * p.a_zs + col;
+  const int block = p.row_block > 0 ? p.row_block : p.rows;
+  const int r0 = int(tgid.y) * block, r1 = min(p.rows, r0 + block);
   float sum = 0.0f;
   if (has_scale) {
     device const float* sz = s + int(tgid.z) * p.s_zs + col % p.s_mod;
-    for (int r = 0; r < p.rows; ++r) sum = fma(float(az[r * p.lda]), float(sz[r * p.lds]), sum);
+    for (int r = r0; r < r1; ++r) sum = fma(float(az[r * p.lda]), float(sz[r * p.lds]), sum);
   } else {
-    for (int r = 0; r < p.rows; ++r) sum += float(az[r * p.lda]);
+    for (int r = r0; r < r1; ++r) sum += float(az[r * p.lda]);
   }
-  out[int(tgid.z) * p.out_zs + col] = T(sum);
+  out[int(tgid.z) * p.out_zs + int(tgid.y) * p.out_ys + col] = T(sum);
 }
 
 INSTANTIATE_KERNEL(column_sums_f32, column_sums<float>)

@@ -14,7 +14,7 @@ inline float gru_update(float zg, float h_prev, float o) {
 }
 
 template <typename T>
-inline float previous_state(device const T* h0, device const T* y, constant StepParams& p,
+inline float previous_state(device const T* h0, device const T* y, thread const StepParams& p,
                             StepTimes st, int n, int col) {
   if (st.t_prev >= 0) return float(y[(st.t_prev * p.N + n) * p.y_ld + col]);
   return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
@@ -22,7 +22,7 @@ inline float previous_state(device const T* h0, device const T* y, constant Step
 
 // Reset-after: a_o = x'_o + r * (R_o h~ + b2).
 template <typename T, int NB>
-kernel void gru_step(STEP_KERNEL_PARAMS(T)) {
+inline void gru_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
@@ -31,7 +31,7 @@ kernel void gru_step(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[3][NB];
   recurrent_dot<T, NB, 3>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 0, p, n0, lane,
-                          stage, tid, unit, acc);
+                          stage, tid, sgs, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
@@ -56,7 +56,7 @@ kernel void gru_step(STEP_KERNEL_PARAMS(T)) {
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
 // u = r * h~ (rows [N, 2N)), both [N, D*H].
 template <typename T, int NB>
-kernel void gru_gates(STEP_KERNEL_PARAMS(T)) {
+inline void gru_gates_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
@@ -65,7 +65,7 @@ kernel void gru_gates(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[2][NB];
   recurrent_dot<T, NB, 2>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 0, 0, p, n0, lane, stage, tid,
-                          unit, acc);
+                          sgs, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   device const T* x = xp + (st.t_in * p.N + n) * p.xp_ld + d * 3 * H + u;
@@ -86,14 +86,14 @@ kernel void gru_gates(STEP_KERNEL_PARAMS(T)) {
 
 // Reset-before, second dispatch: a_o = x'_o + R_o u, then the update.
 template <typename T, int NB>
-kernel void gru_candidate(STEP_KERNEL_PARAMS(T)) {
+inline void gru_candidate_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
   device const T* Rd = R + d * 3 * H * H;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(ws + p.N * p.y_ld, p.y_ld, d * H, false, mask, Rd, 2 * H + u, 0, 0, 0, p,
-                          n0, lane, stage, tid, unit, acc);
+                          n0, lane, stage, tid, sgs, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   const float a_o = row_value<NB, 1>(acc, 0, lane) +
@@ -103,9 +103,11 @@ kernel void gru_candidate(STEP_KERNEL_PARAMS(T)) {
       float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col), activate(act_2, a_o));
 }
 
-INSTANTIATE_STEP_KERNELS(gru_step)
-INSTANTIATE_STEP_KERNELS(gru_gates)
-INSTANTIATE_STEP_KERNELS(gru_candidate)
+DEFINE_STEP_KERNEL(gru_step, FORWARD_BUFFERS, SB)
+DEFINE_STEP_KERNEL(gru_gates, FORWARD_BUFFERS, SB)
+DEFINE_STEP_KERNEL(gru_candidate, FORWARD_BUFFERS, SB)
+DEFINE_PERSISTENT_KERNEL(gru_persistent, FORWARD_BUFFERS, SB, 1, gru_step)
+DEFINE_PERSISTENT_KERNEL2(gru_rb_persistent, FORWARD_BUFFERS, SB, 1, gru_gates, gru_candidate)
 
 // ---- gradients (contract: "Gradient operations") --------------------------------------------
 // Gradient step s runs s = T-1 .. 0, then s = -1 for the init_state gradient. The carry into
@@ -132,8 +134,8 @@ inline GruDeltas gru_update_grad(float dh, float zg, float o, float h_prev) {
 }
 
 template <typename T>
-inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant StepParams& p, int d,
-                        int s, int n, int col) {
+inline float gru_h_prev(device const T* h_fwd, device const T* h0, thread const StepParams& p,
+                        int d, int s, int n, int col) {
   if (s > 0) return float(h_fwd[(time_out(p, d, s - 1) * p.N + n) * p.y_ld + col]);
   return has_init_state ? float(h0[n * p.y_ld + col]) : 0.0f;
 }
@@ -141,12 +143,12 @@ inline float gru_h_prev(device const T* h_fwd, device const T* h0, constant Step
 // Reset-after: R sees [dz, dr, dq] (dq = da_o * r), kept in rdelta for the carry and dR.
 // Per step: 6*N*H*H FLOPs, R^T (12*H*H bytes) read once per batch tile.
 template <typename T, int NB>
-kernel void gru_backward(BACKWARD_KERNEL_PARAMS(T)) {
+inline void gru_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   carried_dot<T, NB>(rdelta, d * 3 * H, rt + (d * H + u) * 3 * H, 3 * H, p, d, n0, lane, stage, tid,
-                     unit, acc);
+                     sgs, unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
@@ -181,12 +183,12 @@ kernel void gru_backward(BACKWARD_KERNEL_PARAMS(T)) {
 // Reset-before, first dispatch of step s: the carry (da_zr[s+1] R_zr + du[s+1] * r[s+1]) * m
 // + direct, then da_z and da_o. dr needs du = da_o R_o of every unit (the second dispatch).
 template <typename T, int NB>
-kernel void gru_backward_zo(BACKWARD_KERNEL_PARAMS(T)) {
+inline void gru_backward_zo_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   carried_dot<T, NB>(dxp, d * 3 * H, rt + (d * H + u) * 3 * H, 2 * H, p, d, n0, lane, stage, tid,
-                     unit, acc);
+                     sgs, unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
@@ -220,13 +222,14 @@ kernel void gru_backward_zo(BACKWARD_KERNEL_PARAMS(T)) {
 // Reset-before, second dispatch of step s: du = da_o R_o (through R_o^T), dr = du * h~ * r',
 // and u = r * h~ kept for dR's candidate rows.
 template <typename T, int NB>
-kernel void gru_backward_r(BACKWARD_KERNEL_PARAMS(T)) {
+inline void gru_backward_r_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
   float acc[NB];
   transposed_dot<T, NB>(dxp + ti * p.N * p.xp_ld, p.xp_ld, d * 3 * H + 2 * H,
-                        rt + (d * H + u) * 3 * H + 2 * H, H, p, n0, lane, stage, tid, unit, acc);
+                        rt + (d * H + u) * 3 * H + 2 * H, H, p, n0, lane, stage, tid, sgs, unit,
+                        acc);
   STEP_LANE_ROW;
   const float du = lane_value<NB>(acc, lane);
   const float2 r =
@@ -237,6 +240,9 @@ kernel void gru_backward_r(BACKWARD_KERNEL_PARAMS(T)) {
   carry[(CARRY_DU * p.N + n) * p.y_ld + col] = du;
 }
 
-INSTANTIATE_STEP_KERNELS(gru_backward)
-INSTANTIATE_STEP_KERNELS(gru_backward_zo)
-INSTANTIATE_STEP_KERNELS(gru_backward_r)
+DEFINE_STEP_KERNEL(gru_backward, BACKWARD_BUFFERS, BB)
+DEFINE_STEP_KERNEL(gru_backward_zo, BACKWARD_BUFFERS, BB)
+DEFINE_STEP_KERNEL(gru_backward_r, BACKWARD_BUFFERS, BB)
+DEFINE_PERSISTENT_KERNEL(gru_backward_persistent, BACKWARD_BUFFERS, BB, -1, gru_backward)
+DEFINE_PERSISTENT_KERNEL2(gru_rb_backward_persistent, BACKWARD_BUFFERS, BB, -1, gru_backward_zo,
+                          gru_backward_r)

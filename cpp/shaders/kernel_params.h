@@ -80,16 +80,23 @@ enum GemmBuffer : int32_t { GB_A, GB_B, GB_BIAS, GB_C, GB_PARAMS };
 struct GemmParams {
   int32_t M, N, K;
   int32_t a_rs, a_cs, b_rs, b_cs, ldc;
-  int32_t a_zs, b_zs, c_zs;  // per grid-z (direction) offsets
+  int32_t a_zs, b_zs, c_zs;  // per batch (direction) offsets
+  // Split K (0 or 1: not split): grid z is batches x splits; split s sums k in
+  // [s * k_per, (s + 1) * k_per) into its own C at offset s * c_ss (partials that a column
+  // sum adds up), so a long K with few output tiles still fills the GPU.
+  int32_t splits, k_per, c_ss;
 };
 
 // ---- column sums: out[z][c] = sum_r A[z*a_zs + r*lda + c] (* S[z*s_zs + r*lds + c % s_mod]) --
+// Grid y splits the rows into blocks of row_block (0: one block), each summed into its own
+// output row at y * out_ys: partials that a second column sum adds up.
 enum ColumnSumBuffer : int32_t { CB_A, CB_S, CB_OUT, CB_PARAMS };
 
 struct ColumnSumParams {
   int32_t rows, cols;
   int32_t lda, lds, s_mod;
   int32_t a_zs, s_zs, out_zs;
+  int32_t row_block, out_ys;
 };
 
 // ---- transpose: out[z][c][r] = in[z][r][c] ------------------------------------------------
@@ -124,6 +131,7 @@ enum StepBuffer : int32_t {
 struct StepParams {
   int32_t T, N, H;
   int32_t step;     // processing step s of this dispatch; gradients: -1 for the initial state
+  int32_t steps;    // persistent kernels: how many steps from `step` (gradients: downwards)
   int32_t reverse;  // unidirectional reverse: direction 0 reads its input flipped
   int32_t xp_ld;    // D*G*H: x' (gradients: dX' and R's deltas) rows
   int32_t y_ld;     // D*H (state, cell, workspace rows)

@@ -8,7 +8,7 @@
 #include "common.h"
 
 template <typename T, int NB>
-kernel void lstm_step(STEP_KERNEL_PARAMS(T)) {
+inline void lstm_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   const int H = p.H;
@@ -17,7 +17,7 @@ kernel void lstm_step(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[4][NB];
   recurrent_dot<T, NB, 4>(v, p.y_ld, d * H, true, mask, Rd, u, H + u, 2 * H + u, 3 * H + u, p, n0,
-                          lane, stage, tid, unit, acc);
+                          lane, stage, tid, sgs, unit, acc);
   STEP_LANE_ROW;
   const int col = d * H + u;
   float c_prev = 0.0f;
@@ -45,19 +45,20 @@ kernel void lstm_step(STEP_KERNEL_PARAMS(T)) {
   y[out] = o * activate(cell_act, cell);
 }
 
-INSTANTIATE_STEP_KERNELS(lstm_step)
+DEFINE_STEP_KERNEL(lstm_step, FORWARD_BUFFERS, SB)
+DEFINE_PERSISTENT_KERNEL(lstm_persistent, FORWARD_BUFFERS, SB, 1, lstm_step)
 
 // Gradient step s (s = T-1 .. 0, then -1 for init_state / init_cell). The carry into step
 // s is (dX'[s+1] R) * m through R^T (4H long rows); the cell carry stays with the unit in
 // the carry workspace. h~[s] for dR is o * phi(c) of step s-1, rebuilt from the training
 // state and the cell output. Per step: 8*N*H*H FLOPs, R^T read once per batch tile.
 template <typename T, int NB>
-kernel void lstm_backward(BACKWARD_KERNEL_PARAMS(T)) {
+inline void lstm_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
   carried_dot<T, NB>(dxp, d * 4 * H, rt + (d * H + u) * 4 * H, 4 * H, p, d, n0, lane, stage, tid,
-                     unit, acc);
+                     sgs, unit, acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
@@ -121,4 +122,5 @@ kernel void lstm_backward(BACKWARD_KERNEL_PARAMS(T)) {
   htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
 }
 
-INSTANTIATE_STEP_KERNELS(lstm_backward)
+DEFINE_STEP_KERNEL(lstm_backward, BACKWARD_BUFFERS, BB)
+DEFINE_PERSISTENT_KERNEL(lstm_backward_persistent, BACKWARD_BUFFERS, BB, -1, lstm_backward)

@@ -8,7 +8,7 @@
 #include "common.h"
 
 template <typename T, int NB>
-kernel void rnn_step(STEP_KERNEL_PARAMS(T)) {
+inline void rnn_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const StepTimes st = step_times(p, d);
   device const T* Rd = R + d * p.H * p.H;
@@ -16,7 +16,7 @@ kernel void rnn_step(STEP_KERNEL_PARAMS(T)) {
       st.t_prev < 0 ? (has_init_state ? h0 : nullptr) : y + st.t_prev * p.N * p.y_ld;
   float acc[1][NB];
   recurrent_dot<T, NB, 1>(v, p.y_ld, d * p.H, true, mask, Rd, u, 0, 0, 0, p, n0, lane, stage, tid,
-                          unit, acc);
+                          sgs, unit, acc);
   STEP_LANE_ROW;
   const float pre =
       row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
@@ -24,18 +24,20 @@ kernel void rnn_step(STEP_KERNEL_PARAMS(T)) {
   y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = activate(act_0, pre);
 }
 
-INSTANTIATE_STEP_KERNELS(rnn_step)
+DEFINE_STEP_KERNEL(rnn_step, FORWARD_BUFFERS, SB)
+DEFINE_PERSISTENT_KERNEL(rnn_persistent, FORWARD_BUFFERS, SB, 1, rnn_step)
 
 // Gradient step s (contract: "Gradient operations"), s = T-1 down to 0, then s = -1 for the
 // init_state gradient. The carry into step s is (dX'[s+1] R) * m, read through R^T; the
 // step writes dX'[s] = dh * f'(z) and h~[s] for dR (a GEMM after the loop).
 // Per step: 2*N*H*H FLOPs, R^T read once per batch tile; as the forward step.
 template <typename T, int NB>
-kernel void rnn_backward(BACKWARD_KERNEL_PARAMS(T)) {
+inline void rnn_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   STEP_PROLOGUE;
   const int H = p.H, s = p.step, col = d * H + u;
   float acc[NB];
-  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, stage, tid, unit, acc);
+  carried_dot<T, NB>(dxp, d * H, rt + (d * H + u) * H, H, p, d, n0, lane, stage, tid, sgs, unit,
+                     acc);
   STEP_LANE_ROW;
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
@@ -56,4 +58,5 @@ kernel void rnn_backward(BACKWARD_KERNEL_PARAMS(T)) {
   htilde[(ti * p.N + n) * p.y_ld + col] = h_prev * m;
 }
 
-INSTANTIATE_STEP_KERNELS(rnn_backward)
+DEFINE_STEP_KERNEL(rnn_backward, BACKWARD_BUFFERS, BB)
+DEFINE_PERSISTENT_KERNEL(rnn_backward_persistent, BACKWARD_BUFFERS, BB, -1, rnn_backward)

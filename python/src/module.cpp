@@ -742,6 +742,7 @@ NB_MODULE(_core, m) {
           d["threads_per_threadgroup"] = c.threads_per_threadgroup;
           d["bytes_read"] = c.bytes_read;
           d["bytes_written"] = c.bytes_written;
+          d["barriers"] = c.barriers;
           d["flops"] = c.flops;
           d["repeated"] = c.repeated;
           out.append(d);

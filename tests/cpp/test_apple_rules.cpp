@@ -16,6 +16,7 @@ using rnncore::metal::apple::gpu_refusal;
 using rnncore::metal::apple::HostBinding;
 using rnncore::metal::apple::kWrapMinBytes;
 using rnncore::metal::apple::simd_width_refusal;
+using rnncore::metal::apple::threads_for_pipeline;
 
 constexpr uint64_t kPage = 16 * 1024;  // Apple silicon
 
@@ -106,6 +107,17 @@ TEST(AppleRules, PipelinesMustRunIn32WideSimdgroups) {
     EXPECT_NE(why.find("written for 32"), std::string::npos) << why;
     EXPECT_NE(why.find("skip hidden units"), std::string::npos) << why;
   }
+}
+
+// A pipeline that allows fewer threads than planned (a kernel with many registers): the
+// persistent kernels take the most whole simdgroups that fit, the others are refused.
+TEST(AppleRules, OnlyAdaptingKernelsRunWithFewerThreads) {
+  EXPECT_EQ(threads_for_pipeline(256, 1024, false), 256u);
+  EXPECT_EQ(threads_for_pipeline(1024, 1024, true), 1024u);
+  EXPECT_EQ(threads_for_pipeline(1024, 896, true), 896u);
+  EXPECT_EQ(threads_for_pipeline(1024, 900, true), 896u);  // whole simdgroups only
+  EXPECT_EQ(threads_for_pipeline(1024, 896, false), 0u);
+  EXPECT_EQ(threads_for_pipeline(64, 31, true), 0u);  // not even one simdgroup
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // clear error for shapes the kernels cannot index.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -30,6 +31,26 @@ Problem problem(OpKind op, int64_t T, int64_t N, int64_t I, int64_t H, int64_t D
   return p;
 }
 
+// Sets RNNCORE_METAL_PERSISTENT for a test's scope: "never" checks the per-step plans at
+// shapes small enough for the persistent kernels.
+class PersistentMode {
+ public:
+  explicit PersistentMode(const char* mode) {
+    if (const char* was = std::getenv("RNNCORE_METAL_PERSISTENT")) saved_ = was, had_ = true;
+    setenv("RNNCORE_METAL_PERSISTENT", mode, 1);
+  }
+  ~PersistentMode() {
+    if (had_)
+      setenv("RNNCORE_METAL_PERSISTENT", saved_.c_str(), 1);
+    else
+      unsetenv("RNNCORE_METAL_PERSISTENT");
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
 k::StepParams step_params(const Dispatch& d) {
   EXPECT_EQ(d.bytes.size(), 1u);
   EXPECT_EQ(d.bytes[0].index, uint32_t(k::SB_PARAMS));
@@ -53,6 +74,7 @@ int32_t constant(const Dispatch& d, uint32_t index) {
 }
 
 TEST(Plan, TinyGruResetBeforeTakesTwoDispatchesPerStep) {
+  const PersistentMode per_step("never");
   Problem p = problem(OpKind::Gru, 1, 1, 1, 1);
   const Plan plan = plan_forward(p, {});
   ASSERT_EQ(plan.dispatches.size(), 3u);  // projection, gates, candidate
@@ -85,8 +107,8 @@ TEST(Plan, LargeBidirectionalLstm) {
   EXPECT_LE(proj.threadgroup_memory, Limits::max_threadgroup_memory);
   const Dispatch& s = plan.dispatches[7];
   EXPECT_EQ(s.kernel, "lstm_step_b16_f32");
-  EXPECT_EQ(s.threadgroups.x, 128u);  // ceil(1024 / STEP_SIMDGROUPS)
-  EXPECT_EQ(s.threadgroups.y, 8u);    // N = 128 in tiles of 16
+  EXPECT_EQ(s.threadgroups.x, 8u);    // N = 128 in tiles of 16
+  EXPECT_EQ(s.threadgroups.y, 128u);  // ceil(1024 / STEP_SIMDGROUPS)
   EXPECT_EQ(s.threadgroups.z, 2u);
   const k::StepParams sp = step_params(s);
   EXPECT_EQ(sp.step, 6);
@@ -104,6 +126,7 @@ TEST(Plan, LargeBidirectionalLstm) {
 }
 
 TEST(Plan, BatchTileCoversTheBatch) {
+  const PersistentMode per_step("never");
   const std::pair<int64_t, const char*> cases[] = {{1, "_b1_"},  {2, "_b2_"},  {3, "_b4_"},
                                                    {4, "_b4_"},  {5, "_b8_"},  {8, "_b8_"},
                                                    {9, "_b16_"}, {67, "_b16_"}};
@@ -112,13 +135,14 @@ TEST(Plan, BatchTileCoversTheBatch) {
     const Dispatch& d = plan.dispatches.back();
     EXPECT_NE(d.kernel.find(tile), std::string::npos) << N << " " << d.kernel;
     const uint64_t nb = std::stoul(d.kernel.substr(d.kernel.find("_b") + 2));
-    EXPECT_GE(d.threadgroups.y * nb, uint64_t(N));
-    EXPECT_LT((d.threadgroups.y - 1) * nb, uint64_t(N));
-    EXPECT_EQ(d.threadgroups.x, 4u);  // ceil(31 / 8)
+    EXPECT_GE(d.threadgroups.x * nb, uint64_t(N));
+    EXPECT_LT((d.threadgroups.x - 1) * nb, uint64_t(N));
+    EXPECT_EQ(d.threadgroups.y, 4u);  // ceil(31 / 8)
   }
 }
 
 TEST(Plan, NoProjectionWithoutWeightAndBias) {
+  const PersistentMode per_step("never");
   Problem p = problem(OpKind::Gru, 3, 2, 0, 5);
   p.has_input_weight = false;
   p.gru.reset_after = true;
@@ -132,6 +156,7 @@ TEST(Plan, NoProjectionWithoutWeightAndBias) {
 }
 
 TEST(Plan, ReverseAndMaskBroadcastStrides) {
+  const PersistentMode per_step("never");
   Problem p = problem(OpKind::Rnn, 4, 3, 2, 6);
   p.reverse = true;
   p.has_mask = true;
@@ -150,6 +175,7 @@ TEST(Plan, ReverseAndMaskBroadcastStrides) {
 }
 
 TEST(Plan, FunctionConstantsFollowTheDescriptor) {
+  const PersistentMode per_step("never");
   Problem p = problem(OpKind::Lstm, 2, 2, 2, 2);
   p.lstm_i = 1, p.lstm_f = 0, p.lstm_z = 3, p.lstm_o = 2;
   p.gate_act = {Activation::HardSigmoid, Activation::Relu, Activation::None, Activation::Tanh};
@@ -232,6 +258,7 @@ size_t count(const Plan& plan, const std::string& prefix) {
 }
 
 TEST(PlanGradients, StepsRunBackwardThenTheInitialStateDispatch) {
+  const PersistentMode per_step("never");
   const Plan plan = plan_gradients(gradient_problem(OpKind::Lstm), {});
   // R^T, T steps + the initial-state dispatch, dR, dsource, dW, dbias.
   EXPECT_EQ(plan.dispatches.front().kernel, "transpose_f32");
@@ -252,6 +279,7 @@ TEST(PlanGradients, StepsRunBackwardThenTheInitialStateDispatch) {
 }
 
 TEST(PlanGradients, ResetBeforeGruTakesTwoDispatchesPerStepAndTwoWeightGemms) {
+  const PersistentMode per_step("never");
   const Plan plan = plan_gradients(gradient_problem(OpKind::Gru), {});
   EXPECT_EQ(count(plan, "gru_backward_zo_b4_f32"), 5u);
   EXPECT_EQ(count(plan, "gru_backward_r_b4_f32"), 4u);  // not for the initial state
@@ -261,6 +289,7 @@ TEST(PlanGradients, ResetBeforeGruTakesTwoDispatchesPerStepAndTwoWeightGemms) {
 }
 
 TEST(PlanGradients, ResetAfterGruSumsTheSecondaryBiasGradient) {
+  const PersistentMode per_step("never");
   GradientShape g;
   g.want_db2 = true;
   const Plan plan = plan_gradients(gradient_problem(OpKind::Gru, true), g);
@@ -275,6 +304,7 @@ TEST(PlanGradients, ResetAfterGruSumsTheSecondaryBiasGradient) {
 }
 
 TEST(PlanGradients, Float16StorageKeepsFloat32Intermediates) {
+  const PersistentMode per_step("never");
   Problem p = gradient_problem(OpKind::Rnn);
   p.dtype = DType::Float16;
   p.has_input_weight = false;
@@ -304,6 +334,116 @@ TEST(PlanGradients, ZeroSizesPlanNoDispatches) {
   Problem p = gradient_problem(OpKind::Gru);
   p.T = 0;
   EXPECT_TRUE(plan_gradients(p, {}).dispatches.empty());
+}
+
+}  // namespace
+
+namespace {
+
+k::StepParams params_at(const Dispatch& d, uint32_t index) {
+  EXPECT_EQ(d.bytes.size(), 1u);
+  EXPECT_EQ(d.bytes[0].index, index);
+  k::StepParams s;
+  std::memcpy(&s, d.bytes[0].data.data(), sizeof s);
+  return s;
+}
+
+TEST(PlanPersistent, LongNarrowSequenceIsOneDispatchPer1024Steps) {
+  const PersistentMode automatic("auto");
+  const Plan plan = plan_forward(problem(OpKind::Gru, 2500, 1, 64, 64), {});
+  ASSERT_EQ(plan.dispatches.size(), 4u);  // the projection, then steps 0, 1024, 2048
+  std::vector<std::pair<int32_t, int32_t>> ranges;
+  for (size_t i = 1; i < plan.dispatches.size(); ++i) {
+    const Dispatch& d = plan.dispatches[i];
+    EXPECT_EQ(d.kernel, "gru_rb_persistent_b1_f32");
+    EXPECT_EQ(d.threadgroups.volume(), 1u);
+    EXPECT_EQ(d.threads.x, 32u * 32u);  // a simdgroup per unit, 32 at most
+    EXPECT_TRUE(d.adapts_threads);
+    const k::StepParams sp = params_at(d, k::SB_PARAMS);
+    ranges.push_back({sp.step, sp.steps});
+  }
+  EXPECT_EQ(ranges,
+            (std::vector<std::pair<int32_t, int32_t>>{{0, 1024}, {1024, 1024}, {2048, 452}}));
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(PlanPersistent, GradientsRunDownToTheInitialStateStep) {
+  const PersistentMode automatic("auto");
+  Problem p = problem(OpKind::Lstm, 4, 3, 2, 5, 2);
+  p.has_bias = true, p.has_init_state = true;
+  const Plan plan = plan_gradients(p, {});
+  std::vector<const Dispatch*> steps;
+  for (const Dispatch& d : plan.dispatches)
+    if (d.kernel.find("persistent") != std::string::npos) steps.push_back(&d);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]->kernel, "lstm_backward_persistent_b4_f32");
+  EXPECT_EQ(steps[0]->threads.x, 5u * 32u);  // H = 5 simdgroups
+  const k::StepParams sp = params_at(*steps[0], k::BB_PARAMS);
+  EXPECT_EQ(sp.step, 3);
+  EXPECT_EQ(sp.steps, 5);  // 3, 2, 1, 0 and -1
+  EXPECT_NO_THROW(check_limits(plan));
+}
+
+TEST(PlanPersistent, ChosenOnlyForAFewThreadgroupsAStep) {
+  const PersistentMode automatic("auto");
+  const auto persistent = [](const Problem& p) {
+    const Plan plan = plan_forward(p, {});
+    return plan.dispatches.back().kernel.find("persistent") != std::string::npos;
+  };
+  EXPECT_TRUE(persistent(problem(OpKind::Rnn, 10, 8, 3, 64)));       // 2 walks of 32 units
+  EXPECT_TRUE(persistent(problem(OpKind::Rnn, 10, 1, 3, 32, 2)));    // 2 directions
+  EXPECT_FALSE(persistent(problem(OpKind::Rnn, 10, 9, 3, 8)));       // N past the tile of 8
+  EXPECT_FALSE(persistent(problem(OpKind::Rnn, 10, 1, 3, 65)));      // 3 walks
+  EXPECT_FALSE(persistent(problem(OpKind::Lstm, 10, 1, 3, 64, 2)));  // 4 walks
+  const PersistentMode always("always");  // any shape, tiles of at most 8 rows
+  const Plan big = plan_forward(problem(OpKind::Lstm, 3, 67, 3, 100, 2), {});
+  EXPECT_EQ(big.dispatches.back().kernel, "lstm_persistent_b8_f32");
+  const PersistentMode bad("sometimes");
+  EXPECT_THROW(plan_forward(problem(OpKind::Rnn, 1, 1, 1, 1), {}), ValueError);
+}
+
+}  // namespace
+
+namespace {
+
+// A dR with few output tiles and K = T*N long: split along K into float32 partials, then one
+// column-sum pass adds them up into the caller's array; the bias gradient's long columns are
+// summed in row blocks, then over the blocks' partial rows.
+TEST(PlanGradients, LongReductionsAreSplitToFillTheGpu) {
+  Problem p = problem(OpKind::Gru, 400, 8, 64, 64);
+  p.gru.reset_after = true, p.ZG = 4;  // one dR GEMM
+  p.has_bias = true;
+  const Plan plan = plan_gradients(p, {});
+  std::vector<const Dispatch*> gemms, sums;
+  for (const Dispatch& d : plan.dispatches) {
+    if (d.kernel.rfind("gemm", 0) == 0) gemms.push_back(&d);
+    if (d.kernel.rfind("column_sums", 0) == 0) sums.push_back(&d);
+  }
+  ASSERT_GE(gemms.size(), 1u);
+  const Dispatch& dr = *gemms[0];  // dR [192, 64] = delta^T h~, K = 3200: 3 tiles
+  k::GemmParams g;
+  std::memcpy(&g, dr.bytes[0].data.data(), sizeof g);
+  EXPECT_EQ(g.K, 3200);
+  EXPECT_GT(g.splits, 1);
+  EXPECT_EQ(g.k_per % k::GEMM_TILE_K, 0);
+  EXPECT_GE(int64_t(g.splits) * g.k_per, 3200);
+  EXPECT_LT(int64_t(g.splits - 1) * g.k_per, 3200);
+  EXPECT_EQ(dr.threadgroups.z, uint64_t(g.splits));
+  EXPECT_EQ(dr.buffers.back().buffer, Buffer::Partials);
+  EXPECT_GE(plan.size(Buffer::Partials), int64_t(g.splits) * 192 * 64 * 4);
+  // The partials' sum into dR (and dW's into dW), then the bias gradient in row blocks and
+  // their sum.
+  ASSERT_EQ(sums.size(), 4u);
+  EXPECT_EQ(sums[0]->buffers.back().buffer, Buffer::DRecurrentWeight);
+  EXPECT_EQ(sums[1]->buffers.back().buffer, Buffer::DInputWeight);
+  k::ColumnSumParams c;
+  std::memcpy(&c, sums[2]->bytes[0].data.data(), sizeof c);
+  EXPECT_EQ(c.rows, 3200);
+  EXPECT_EQ(sums[2]->buffers.back().buffer, Buffer::Partials);
+  EXPECT_GT(sums[2]->threadgroups.y, 1u);
+  EXPECT_GE(int64_t(c.row_block) * int64_t(sums[2]->threadgroups.y), 3200);
+  EXPECT_EQ(sums[3]->buffers.back().buffer, Buffer::DBias);
+  EXPECT_NO_THROW(check_limits(plan));
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ struct DispatchCount {
   std::string kernel;
   uint64_t threadgroups = 0, threads_per_threadgroup = 0;
   uint64_t bytes_read = 0, bytes_written = 0, flops = 0;
+  // Threadgroup barriers one threadgroup passes (the most of the threadgroups counted): the
+  // chain of dependent phases a dispatch cannot run faster than (a persistent kernel's steps).
+  uint64_t barriers = 0;
   // A step repeated with the same kernel, grid and constants after two measured ones: its
   // counts are the last measured one's, and it was not run (the results of a counted call
   // are not meant to be read).

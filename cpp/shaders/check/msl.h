@@ -70,6 +70,8 @@ struct uint2 {
 };
 struct uint3 {
   uint x, y, z;
+  uint3() = default;
+  constexpr uint3(uint a, uint b, uint c) : x(a), y(b), z(c) {}
 };
 #if !defined(__OPENCL_CPP_VERSION__)
 // Metal's half: clang's storage-only __fp16 (arithmetic promotes to float, as in Metal).
@@ -83,6 +85,9 @@ struct float2 {
 };
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+constexpr mem_flags operator|(mem_flags a, mem_flags b) {
+  return static_cast<mem_flags>(static_cast<int>(a) | static_cast<int>(b));
+}
 void threadgroup_barrier(mem_flags flags);
 void simdgroup_barrier(mem_flags flags);
 

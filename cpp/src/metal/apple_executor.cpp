@@ -292,8 +292,11 @@ class AppleExecutor final : public Executor {
     const uint64_t tg = d.threadgroup_memory > 0 ? threadgroup_length(d.threadgroup_memory) : 0;
     if (tg > 0 && tg != state.threadgroup_memory) encoder->setThreadgroupMemoryLength(tg, 0);
     state.threadgroup_memory = tg > 0 ? tg : state.threadgroup_memory;
+    // Planned threads are one-dimensional; an adapting kernel may get fewer (check_dispatch).
+    const uint64_t threads = apple::threads_for_pipeline(
+        d.threads.x, pipeline->maxTotalThreadsPerThreadgroup(), d.adapts_threads);
     encoder->dispatchThreadgroups(MTL::Size(d.threadgroups.x, d.threadgroups.y, d.threadgroups.z),
-                                  MTL::Size(d.threads.x, d.threads.y, d.threads.z));
+                                  MTL::Size(threads, d.threads.y, d.threads.z));
   }
 
   struct Allocation {
@@ -419,7 +422,7 @@ class AppleExecutor final : public Executor {
   // The plan checks Limits; this checks the GPU actually present and the compiled kernel.
   void check_dispatch(const Dispatch& d, MTL::ComputePipelineState* pipeline) const {
     const uint64_t max_threads = pipeline->maxTotalThreadsPerThreadgroup();
-    if (d.threads.volume() > max_threads)
+    if (apple::threads_for_pipeline(d.threads.volume(), max_threads, d.adapts_threads) == 0)
       throw DeviceError(
           "[metal] kernel '" + d.kernel + "' needs " + std::to_string(d.threads.volume()) +
           " threads per threadgroup but this GPU allows " + std::to_string(max_threads));

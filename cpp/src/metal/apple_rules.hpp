@@ -76,4 +76,15 @@ inline std::string simd_width_refusal(const std::string& kernel, const std::stri
          " (Apple silicon) and would skip hidden units on it. Use device 'cpu'";
 }
 
+// Threads per threadgroup a dispatch runs with on a pipeline that allows at most max_threads
+// (maxTotalThreadsPerThreadgroup: lower for kernels that use many registers): as planned when
+// they fit; for a kernel that adapts to its threadgroup (Dispatch::adapts_threads: the
+// persistent step kernels), the most whole SIMD-groups that fit; else 0, refused.
+inline uint64_t threads_for_pipeline(uint64_t planned, uint64_t max_threads, bool adapts) {
+  if (planned <= max_threads) return planned;
+  if (!adapts) return 0;
+  const auto width = static_cast<uint64_t>(kernels::SIMD_WIDTH);
+  return max_threads / width * width;
+}
+
 }  // namespace rnncore::metal::apple

@@ -4,6 +4,7 @@
 #include "metal/plan.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -50,7 +51,8 @@ const char* buffer_name(Buffer b) {
                                             "r * h~ (workspace)",
                                             "R deltas (workspace)",
                                             "carry (workspace)",
-                                            "previous cell (workspace)"};
+                                            "previous cell (workspace)",
+                                            "partial sums (workspace)"};
   return names[static_cast<int>(b)];
 }
 
@@ -84,15 +86,66 @@ uint64_t ceil_div(int64_t a, int64_t b) { return static_cast<uint64_t>((a + b - 
 // fewer times a step (once per tile), smaller ones waste no lanes at small N.
 int batch_tile(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : N <= 8 ? 8 : 16; }
 
-// The grid of the (forward and gradient) step kernels; returns their name suffix
-// "_b<tile>_<dtype>".
+// The grid of the (forward and gradient) step kernels, batch tiles along x (threadgroups
+// that share R's rows run together); returns their name suffix "_b<tile>_<dtype>".
 std::string set_step_grid(const Problem& p, Dispatch& d) {
   const int nb = batch_tile(p.N);
-  d.threadgroups = {ceil_div(p.H, k::STEP_SIMDGROUPS), ceil_div(p.N, nb), uint64_t(p.D)};
+  d.threadgroups = {ceil_div(p.N, nb), ceil_div(p.H, k::STEP_SIMDGROUPS), uint64_t(p.D)};
   d.threads = {uint64_t(k::STEP_SIMDGROUPS) * k::SIMD_WIDTH, 1, 1};
   // The staged rows of the batch tile (state, or deltas), STEP_CHUNK columns at a time.
   d.threadgroup_memory = uint32_t(nb * k::STEP_CHUNK * kF32);
   return "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
+}
+
+// ---- persistent kernels ----------------------------------------------------------------------
+// One threadgroup of up to 32 simdgroups (one per hidden unit) loops over the steps inside the
+// kernel: a step then costs a few threadgroup barriers instead of a dispatch (5 us or so), which
+// wins where a step is a few threadgroups' work. The per-step grid a persistent threadgroup
+// walks each step has ceil(N / tile) * ceil(H / simdgroups) * D positions; the plans take the
+// persistent kernels up to kPersistentWalk of them. RNNCORE_METAL_PERSISTENT=always|never
+// overrides the choice (the tests run both kinds of kernel at every shape).
+constexpr int64_t kPersistentSimdgroups = 32;
+constexpr int64_t kPersistentWalk = 2;
+constexpr int64_t kPersistentMaxTile = 8;  // the persistent kernels' instances: tiles 1..8
+// Steps per persistent dispatch, so that no dispatch of a long sequence runs near the GPU
+// watchdog (a step of a problem this small takes microseconds).
+constexpr int64_t kPersistentSteps = 1024;
+
+int persistent_tile(int64_t N) { return std::min<int>(batch_tile(N), kPersistentMaxTile); }
+
+bool use_persistent(const Problem& p) {
+  const char* env = std::getenv("RNNCORE_METAL_PERSISTENT");
+  const std::string mode = env ? env : "";
+  if (mode == "always") return true;
+  if (mode == "never") return false;
+  if (!mode.empty() && mode != "auto")
+    throw ValueError("RNNCORE_METAL_PERSISTENT is '" + mode +
+                     "'; expected 'auto' (the default), 'always' or 'never'");
+  const int64_t sgs = std::min(kPersistentSimdgroups, p.H);
+  const int64_t walk =
+      int64_t(ceil_div(p.N, persistent_tile(p.N))) * int64_t(ceil_div(p.H, sgs)) * p.D;
+  return p.N <= kPersistentMaxTile && walk <= kPersistentWalk;
+}
+
+// The persistent dispatches of `name` ("<op>_persistent") for steps first, first + direction,
+// ... (count of them), kPersistentSteps per dispatch; `step` has the buffers and constants.
+void add_persistent(Plan& plan, const Problem& p, const Dispatch& step, const std::string& name,
+                    uint32_t params_index, k::StepParams params, int64_t first, int64_t count,
+                    int direction) {
+  const int nb = persistent_tile(p.N);
+  Dispatch d = step;
+  d.kernel = name + "_b" + std::to_string(nb) + "_" + suffix(p.dtype);
+  d.threadgroups = {1, 1, 1};
+  d.threads = {uint64_t(std::min(kPersistentSimdgroups, p.H) * k::SIMD_WIDTH), 1, 1};
+  d.adapts_threads = true;
+  d.threadgroup_memory = uint32_t(nb * k::STEP_CHUNK * kF32);
+  for (int64_t done = 0; done < count; done += kPersistentSteps) {
+    params.step = int32_t(first + direction * done);
+    params.steps = int32_t(std::min(kPersistentSteps, count - done));
+    Dispatch one = d;
+    one.bytes.push_back(bytes_of(params_index, params));
+    plan.dispatches.push_back(std::move(one));
+  }
 }
 
 // The sizes and strides every (forward or gradient) step kernel reads; the step number is
@@ -109,6 +162,7 @@ k::StepParams step_params(const Problem& p, const MaskShape& mask) {
   // The mask broadcasts to [N, D*H]: a dimension of size 1 gets stride 0.
   params.mask_rs = int32_t(mask.rows == 1 ? 0 : mask.cols);
   params.mask_cs = int32_t(mask.cols == 1 ? 0 : 1);
+  params.steps = 1;
   return params;
 }
 
@@ -181,21 +235,86 @@ Dispatch gemm(const Plan& plan, Operand a, Operand b, Operand bias, Operand c,
   return d;
 }
 
-// out[z][c] = sum_r A[z][r, c] (* S[z][r, c % s_mod]).
-// (A and the scale are float32 intermediates; the output has the storage type.)
-Dispatch column_sums(const Plan& plan, DType dtype, Operand a, Operand scale, Operand out,
-                     const k::ColumnSumParams& c, uint64_t batches) {
+// out[z][c] = sum_r A[z][r, c] (* S[z][r, c % s_mod]), one pass: column_sums_<type of out>.
+// (A and the scale are float32 intermediates.)
+Dispatch column_sums(const Plan& plan, Operand a, Operand scale, Operand out,
+                     const k::ColumnSumParams& c, uint64_t batches, uint64_t row_blocks = 1) {
   Dispatch d;
-  d.kernel = std::string("column_sums_") + suffix(dtype);
+  d.kernel = std::string("column_sums_") +
+             (plan.element_sizes[static_cast<int>(out.buffer)] == 2 ? "f16" : "f32");
   d.constants = {{k::FC_HAS_SCALE, FunctionConstant::Type::Bool, scale.used}};
   d.buffers.push_back({k::CB_A, a.buffer, byte_offset(plan, a.buffer, a.elements)});
   if (scale.used)
     d.buffers.push_back({k::CB_S, scale.buffer, byte_offset(plan, scale.buffer, scale.elements)});
   d.buffers.push_back({k::CB_OUT, out.buffer, byte_offset(plan, out.buffer, out.elements)});
   d.bytes.push_back(bytes_of(k::CB_PARAMS, c));
-  d.threadgroups = {ceil_div(c.cols, k::GEMM_THREADS), 1, batches};
+  d.threadgroups = {ceil_div(c.cols, k::GEMM_THREADS), row_blocks, batches};
   d.threads = {k::GEMM_THREADS, 1, 1};
   return d;
+}
+
+// The reductions after the gradient loop have few output tiles (a bias gradient: 3 threadgroups
+// of columns for 3H = 768) but long sums (T*N rows, or K = T*N for dR and dW): they are split
+// so that a dispatch has about kFillThreadgroups threadgroups (a few per core of the largest
+// GPUs), each block kMinBlock rows (or K) at least, into float32 partials that a second pass
+// adds up.
+constexpr int64_t kFillThreadgroups = 64;
+constexpr int64_t kMinBlock = 128;
+
+// Grows the partials workspace to at least `elements` floats (one buffer, reused: the
+// dispatches run in order).
+void need_partials(Plan& plan, int64_t elements) {
+  const int i = static_cast<int>(Buffer::Partials);
+  if (plan.sizes[i] < elements * kF32) set_out(plan, Buffer::Partials, elements, kF32);
+}
+
+// The column sums as one pass, or as row blocks then a pass over their partials.
+void reduce_columns(Plan& plan, Operand a, Operand scale, Operand out, k::ColumnSumParams c,
+                    uint64_t batches) {
+  const int64_t tgs = int64_t(ceil_div(c.cols, k::GEMM_THREADS)) * int64_t(batches);
+  const int64_t blocks =
+      std::min<int64_t>(ceil_div(kFillThreadgroups, tgs), ceil_div(c.rows, kMinBlock));
+  if (blocks <= 1) {
+    plan.dispatches.push_back(column_sums(plan, a, scale, out, c, batches));
+    return;
+  }
+  const int64_t block = int64_t(ceil_div(c.rows, blocks));
+  const int64_t used = int64_t(ceil_div(c.rows, block));
+  need_partials(plan, int64_t(batches) * used * c.cols);
+  k::ColumnSumParams first = c;
+  first.row_block = int32_t(block), first.out_ys = c.cols, first.out_zs = int32_t(used * c.cols);
+  plan.dispatches.push_back(
+      column_sums(plan, a, scale, {Buffer::Partials, 0}, first, batches, uint64_t(used)));
+  k::ColumnSumParams second{};
+  second.rows = int32_t(used), second.cols = c.cols, second.lda = c.cols, second.s_mod = 1;
+  second.a_zs = int32_t(used * c.cols), second.out_zs = c.out_zs;
+  plan.dispatches.push_back(column_sums(plan, {Buffer::Partials, 0}, {}, out, second, batches));
+}
+
+// C = A B over `batches` slices, C contiguous (ldc = N): split along K into float32 partials
+// (then summed by reduce_columns) when the output has few tiles and K is long.
+void gemm_split(Plan& plan, Operand a, Operand b, Operand c, const k::GemmParams& g,
+                uint64_t batches) {
+  const int64_t tiles =
+      int64_t(ceil_div(g.M, k::GEMM_TILE_M) * ceil_div(g.N, k::GEMM_TILE_N) * batches);
+  int64_t splits = std::min<int64_t>(ceil_div(kFillThreadgroups, tiles), ceil_div(g.K, kMinBlock));
+  if (splits <= 1 || g.ldc != g.N) {
+    plan.dispatches.push_back(gemm(plan, a, b, {}, c, g, batches));
+    return;
+  }
+  const int64_t k_per = int64_t(ceil_div(ceil_div(g.K, splits), k::GEMM_TILE_K)) * k::GEMM_TILE_K;
+  splits = int64_t(ceil_div(g.K, k_per));
+  const int64_t mn = int64_t(g.M) * g.N;
+  need_partials(plan, int64_t(batches) * splits * mn);
+  k::GemmParams part = g;
+  part.splits = int32_t(splits), part.k_per = int32_t(k_per), part.c_ss = int32_t(mn);
+  part.c_zs = int32_t(splits * mn);
+  plan.dispatches.push_back(
+      gemm(plan, a, b, {}, {Buffer::Partials, 0}, part, batches * uint64_t(splits)));
+  k::ColumnSumParams sum{};
+  sum.rows = int32_t(splits), sum.cols = int32_t(mn), sum.lda = int32_t(mn), sum.s_mod = 1;
+  sum.a_zs = int32_t(splits * mn), sum.out_zs = g.c_zs;
+  plan.dispatches.push_back(column_sums(plan, {Buffer::Partials, 0}, {}, c, sum, batches));
 }
 
 }  // namespace
@@ -279,6 +398,15 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
     step.buffers.push_back({k::SB_C, p.produce_cell ? Buffer::Cell : Buffer::CellScratch, 0});
   if (p.training) step.buffers.push_back({k::SB_Z, Buffer::ZState, 0});
   if (reset_before) step.buffers.push_back({k::SB_WS, Buffer::StepScratch, 0});
+  auto params = step_params(p, mask);
+  if (use_persistent(p)) {
+    const char* name = p.op == OpKind::Rnn ? "rnn_persistent"
+                       : lstm              ? "lstm_persistent"
+                       : reset_before      ? "gru_rb_persistent"
+                                           : "gru_persistent";
+    add_persistent(plan, p, step, name, k::SB_PARAMS, params, 0, T, 1);
+    return plan;
+  }
   const std::string tile = set_step_grid(p, step);
   std::vector<std::string> kernels;
   if (p.op == OpKind::Rnn) kernels = {"rnn_step" + tile};
@@ -286,7 +414,6 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   if (gru && p.gru.reset_after) kernels = {"gru_step" + tile};
   if (reset_before) kernels = {"gru_gates" + tile, "gru_candidate" + tile};
 
-  auto params = step_params(p, mask);
   for (int64_t s = 0; s < T; ++s) {
     params.step = int32_t(s);
     for (const std::string& name : kernels) {
@@ -437,23 +564,30 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (peephole) bind(k::BB_CPREV, Buffer::CellPrev);
   if (p.has_init_state) bind(k::BB_DH0, Buffer::DInitState);
   if (init_cell) bind(k::BB_DC0, Buffer::DInitCell);
-  const std::string tile = set_step_grid(p, step);
-  std::vector<std::string> kernels;
-  if (p.op == OpKind::Rnn) kernels = {"rnn_backward" + tile};
-  if (lstm) kernels = {"lstm_backward" + tile};
-  if (reset_after) kernels = {"gru_backward" + tile};
-  if (reset_before) kernels = {"gru_backward_zo" + tile, "gru_backward_r" + tile};
-
   auto params = step_params(p, gs.mask);
-  for (int64_t s = T - 1; s >= -1; --s) {
-    params.step = int32_t(s);
-    // Step -1 only carries the last deltas into the initial-state gradients.
-    const size_t count = s < 0 ? 1 : kernels.size();
-    for (size_t i = 0; i < count; ++i) {
-      Dispatch d = step;
-      d.kernel = kernels[i];
-      d.bytes.push_back(bytes_of(k::BB_PARAMS, params));
-      plan.dispatches.push_back(std::move(d));
+  if (use_persistent(p)) {  // steps T-1 down to -1
+    const char* name = p.op == OpKind::Rnn ? "rnn_backward_persistent"
+                       : lstm              ? "lstm_backward_persistent"
+                       : reset_before      ? "gru_rb_backward_persistent"
+                                           : "gru_backward_persistent";
+    add_persistent(plan, p, step, name, k::BB_PARAMS, params, T - 1, T + 1, -1);
+  } else {
+    const std::string tile = set_step_grid(p, step);
+    std::vector<std::string> kernels;
+    if (p.op == OpKind::Rnn) kernels = {"rnn_backward" + tile};
+    if (lstm) kernels = {"lstm_backward" + tile};
+    if (reset_after) kernels = {"gru_backward" + tile};
+    if (reset_before) kernels = {"gru_backward_zo" + tile, "gru_backward_r" + tile};
+    for (int64_t s = T - 1; s >= -1; --s) {
+      params.step = int32_t(s);
+      // Step -1 only carries the last deltas into the initial-state gradients.
+      const size_t count = s < 0 ? 1 : kernels.size();
+      for (size_t i = 0; i < count; ++i) {
+        Dispatch d = step;
+        d.kernel = kernels[i];
+        d.bytes.push_back(bytes_of(k::BB_PARAMS, params));
+        plan.dispatches.push_back(std::move(d));
+      }
     }
   }
 
@@ -465,8 +599,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
     g.a_rs = 1, g.a_cs = int32_t(DGH), g.a_zs = int32_t(GH);
     g.b_rs = int32_t(DH), g.b_cs = 1, g.b_zs = int32_t(H);
     g.ldc = int32_t(H), g.c_zs = int32_t(GH * H);
-    plan.dispatches.push_back(gemm(plan, {delta, row0}, {v, 0}, {},
-                                   {Buffer::DRecurrentWeight, row0 * H}, g, uint64_t(D)));
+    gemm_split(plan, {delta, row0}, {v, 0}, {Buffer::DRecurrentWeight, row0 * H}, g, uint64_t(D));
   };
   if (reset_before) {
     weight_gradient(0, 2 * H, Buffer::HTilde);
@@ -484,8 +617,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
     k::GemmParams w{};  // dW [DGH, I] = dX'^T source
     w.M = int32_t(DGH), w.N = int32_t(K), w.K = int32_t(TN);
     w.a_rs = 1, w.a_cs = int32_t(DGH), w.b_rs = int32_t(K), w.b_cs = 1, w.ldc = int32_t(K);
-    plan.dispatches.push_back(
-        gemm(plan, {dxp, 0}, {Buffer::Source, 0}, {}, {Buffer::DInputWeight, 0}, w, 1));
+    gemm_split(plan, {dxp, 0}, {Buffer::Source, 0}, {Buffer::DInputWeight, 0}, w, 1);
   }
   if (!W && !dxp_is_dsource) {  // dsource = dX', converted to the storage type
     k::GemmParams g{};
@@ -496,22 +628,20 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (p.has_bias) {
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(DGH), c.lda = int32_t(DGH), c.s_mod = 1;
-    plan.dispatches.push_back(column_sums(plan, p.dtype, {dxp, 0}, {}, {Buffer::DBias, 0}, c, 1));
+    reduce_columns(plan, {dxp, 0}, {}, {Buffer::DBias, 0}, c, 1);
   }
   if (gs.want_db2) {  // the secondary bias sits inside q: its gradient sums dq
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(H), c.lda = int32_t(DGH), c.s_mod = 1;
     c.a_zs = int32_t(GH), c.out_zs = int32_t(H);
-    plan.dispatches.push_back(column_sums(plan, p.dtype, {Buffer::RDelta, 2 * H}, {},
-                                          {Buffer::DSecondaryBias, 0}, c, uint64_t(D)));
+    reduce_columns(plan, {Buffer::RDelta, 2 * H}, {}, {Buffer::DSecondaryBias, 0}, c, uint64_t(D));
   }
   if (peephole) {  // dP[g, u] = sum over steps and rows of da_g[u] * c_prev[u]
     k::ColumnSumParams c{};
     c.rows = int32_t(TN), c.cols = int32_t(4 * H), c.lda = int32_t(DGH);
     c.lds = int32_t(DH), c.s_mod = int32_t(H);
     c.a_zs = int32_t(GH), c.s_zs = int32_t(H), c.out_zs = int32_t(4 * H);
-    plan.dispatches.push_back(column_sums(plan, p.dtype, {dxp, 0}, {Buffer::CellPrev, 0},
-                                          {Buffer::DPeephole, 0}, c, uint64_t(D)));
+    reduce_columns(plan, {dxp, 0}, {Buffer::CellPrev, 0}, {Buffer::DPeephole, 0}, c, uint64_t(D));
   }
   return plan;
 }

@@ -51,6 +51,7 @@ enum class Buffer : uint8_t {
   RDelta,       // GRU reset-after: the deltas R sees
   Carry,        // [3, N, D*H] carried between gradient steps
   CellPrev,     // LSTM with peepholes: previous cell of every step
+  Partials,     // split-K GEMM and row-block column-sum partials, summed by a second pass
   Count,        // not a buffer: the number of them
 };
 inline constexpr int kBufferCount = static_cast<int>(Buffer::Count);
@@ -88,6 +89,9 @@ struct Dispatch {
   uint32_t threadgroup_memory = 0;  // bytes at [[threadgroup(0)]], 0 for none
   Size3 threadgroups;               // grid, in threadgroups
   Size3 threads;                    // threads per threadgroup
+  // The kernel works with any threadgroup of whole simdgroups up to `threads` (a persistent
+  // kernel): an executor may give it fewer where a pipeline allows fewer threads.
+  bool adapts_threads = false;
 
   // Kernel name plus constant values: the key of the pipeline cache.
   std::string pipeline_key() const;

@@ -3,11 +3,14 @@ reads and writes in device memory and how many FLOPs it does, counted by the hos
 (every load and store of an instrumented copy of the kernels; rnncore.set_metal_counting),
 turned into an expected time on named Apple GPUs.
 
-A dispatch takes the larger of its bandwidth bound (bytes / memory bandwidth) and its
-compute bound (FLOPs / FP32 peak), plus a fixed cost per dispatch; a plan's command buffers
-(64 dispatches each, rnncore's executor) add a fixed cost each. Bytes are the kernels' loads
-and stores of device memory, so data a kernel reads twice counts twice (what a cache does
-not absorb); FLOPs count the products' multiply-adds (2 each), not the elementwise gate math.
+A dispatch takes the largest of its bandwidth bound (bytes / memory bandwidth), its compute
+bound (FLOPs / FP32 peak) and its latency bound (the threadgroup barriers one threadgroup
+passes, each a phase whose loads wait for the last phase's stores), plus a fixed cost per
+dispatch; a dispatch of fewer threadgroups than the GPU has cores gets only that many cores'
+bandwidth and FLOPs (a persistent kernel: one). A plan's command buffers (64 dispatches each,
+rnncore's executor) add a fixed cost each. Bytes are the kernels' loads and stores of device
+memory, so data a kernel reads twice counts twice (what a cache does not absorb); FLOPs count
+the products' multiply-adds (2 each), not the elementwise gate math.
 
 GPU figures (FP32 peak = GPU cores x 128 FP32 lanes x 2 x clock):
 
@@ -19,11 +22,16 @@ GPU figures (FP32 peak = GPU cores x 128 FP32 lanes x 2 x clock):
   M3 Pro, and M3 Max", 2023-10-30: 400 GB/s for the 40-core GPU model).
 - M4 (10-core GPU, ~1.47 GHz): ~3.8 TFLOPS, 120 GB/s (Apple, "Apple introduces M4 chip",
   2024-05-07: 120 GB/s).
+- Per core: 32 bytes a clock of memory traffic (a GPU core's load/store path is as wide as
+  a CPU core's: P. Turner, "metal-benchmarks", github.com/philipturner/metal-benchmarks) and
+  256 FLOPs a clock.
+- Per barrier-separated phase 0.5 us: about a round trip to the GPU's L2 and back through a
+  threadgroup barrier; an assumption like the next two.
 - Per dispatch 5 us and per command buffer 50 us: back-to-back compute dispatches in one
   encoder take a few microseconds each on these GPUs, and a command buffer's trip through
   the driver tens to thousands of microseconds (Apple, Metal Performance Shaders "Tuning
-  Hints": up to 2.5 ms to get an empty command buffer through waitUntilCompleted). These two
-  are the model's least certain figures; the bench prints the model beside measured times
+  Hints": up to 2.5 ms to get an empty command buffer through waitUntilCompleted). These
+  three are the model's least certain figures; the bench prints the model beside measured times
   so that a Mac run calibrates them.
 """
 
@@ -43,17 +51,25 @@ class Gpu:
     name: str
     bandwidth: float  # bytes / s
     flops: float  # FP32 FLOP / s
+    cores: int = 10
+    clock: float = 1.4e9  # Hz
     dispatch_s: float = 5e-6
     command_buffer_s: float = 50e-6
+    phase_s: float = 0.5e-6  # a barrier-separated phase of one threadgroup
+
+    def usable(self, threadgroups):
+        """Bandwidth and FLOP/s a dispatch of `threadgroups` threadgroups can use."""
+        k = min(threadgroups, self.cores)
+        return min(self.bandwidth, k * 32 * self.clock), min(self.flops, k * 256 * self.clock)
 
 
 GPUS = {
     g.name: g
     for g in (
-        Gpu("M1", 68.25e9, 2.6e12),
-        Gpu("M2", 100e9, 3.6e12),
-        Gpu("M3 Max", 400e9, 14.1e12),
-        Gpu("M4", 120e9, 3.8e12),
+        Gpu("M1", 68.25e9, 2.6e12, cores=8, clock=1.278e9),
+        Gpu("M2", 100e9, 3.6e12, cores=10, clock=1.398e9),
+        Gpu("M3 Max", 400e9, 14.1e12, cores=40, clock=1.38e9),
+        Gpu("M4", 120e9, 3.8e12, cores=10, clock=1.47e9),
     )
 }
 DISPATCHES_PER_COMMAND_BUFFER = 64  # the executor's (apple_executor.cpp)
@@ -96,10 +112,15 @@ def expected(records, gpu):
     total, bounds = 0.0, []
     per_plan = {}
     for r in records:
-        memory = (r["bytes_read"] + r["bytes_written"]) / gpu.bandwidth
-        compute = r["flops"] / gpu.flops
-        bounds.append("memory" if memory >= compute else "compute")
-        total += max(memory, compute) + gpu.dispatch_s
+        bandwidth, flops = gpu.usable(r.get("threadgroups", gpu.cores))
+        times = {
+            "memory": (r["bytes_read"] + r["bytes_written"]) / bandwidth,
+            "compute": r["flops"] / flops,
+            "latency": r.get("barriers", 0) * gpu.phase_s,
+        }
+        bound = max(times, key=times.get)
+        bounds.append(bound)
+        total += times[bound] + gpu.dispatch_s
         per_plan[r["plan"]] = per_plan.get(r["plan"], 0) + 1
     buffers = sum(math.ceil(n / DISPATCHES_PER_COMMAND_BUFFER) for n in per_plan.values())
     return total + buffers * gpu.command_buffer_s, bounds
@@ -215,9 +236,9 @@ def run(args):
               f"{row['flops'] / 1e6:15.3f}")  # fmt: skip
     for g in GPUS.values():
         t, bounds = expected(recs, g)
-        memory = bounds.count("memory")
+        kinds = ", ".join(f"{bounds.count(b)} {b}" for b in ("memory", "compute", "latency"))
         print(f"  expected on {g.name:7}: {t * 1e3:8.3f} ms "
-              f"({memory} of {len(bounds)} dispatches bandwidth-bound)")  # fmt: skip
+              f"(of {len(bounds)} dispatches bound by: {kinds})")  # fmt: skip
     return 0
 
 

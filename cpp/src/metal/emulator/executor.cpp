@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.hpp"
+#include "metal/apple_rules.hpp"
 #include "metal/emulator/registry.hpp"
 #include "rnncore/error.hpp"
 #include "rnncore/metal_counts.hpp"
@@ -74,6 +75,23 @@ Schedule schedule_from_env() {
   s.shuffle = true;
   if (v.size() > 8 && v[7] == ':') s.seed = std::strtoull(v.c_str() + 8, nullptr, 10);
   return s;
+}
+
+// The emulated pipelines' maxTotalThreadsPerThreadgroup (RNNCORE_EMULATOR_MAX_THREADS, default
+// 1024): lower, it runs an adapting kernel with fewer threads as a GPU would for a kernel with
+// many registers (apple::threads_for_pipeline), and refuses the others.
+uint64_t max_threads_from_env() {
+  const char* env = std::getenv("RNNCORE_EMULATOR_MAX_THREADS");
+  if (!env || !*env) return Limits::max_threads_per_threadgroup;
+  const std::string v(env);
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (*end != '\0' || n < 1 || n > Limits::max_threads_per_threadgroup)
+    throw ValueError(
+        "[metal-emulated] RNNCORE_EMULATOR_MAX_THREADS must be a number of threads "
+        "from 1 to 1024, not '" +
+        v + "'");
+  return n;
 }
 
 enum class GroupOrder { Forward, Reverse, Random };
@@ -272,6 +290,7 @@ class EmulatorExecutor final : public Executor {
     }
     check_limits(plan);
     const Schedule schedule = schedule_from_env();
+    const uint64_t max_threads = max_threads_from_env();
     std::vector<float> workspace[kBufferCount];
     void* base[kBufferCount] = {};
     for (int b = 0; b < kBufferCount; ++b) {
@@ -298,13 +317,20 @@ class EmulatorExecutor final : public Executor {
     const Order order = order_from_env();
     for (size_t n = 0; n < plan.dispatches.size(); ++n) {
       const Dispatch& d = plan.dispatches[n];
+      Size3 threads;  // the plans' threads are one-dimensional
+      threads.x = apple::threads_for_pipeline(d.threads.volume(), max_threads, d.adapts_threads);
+      if (threads.x == 0)
+        throw DeviceError("[metal-emulated] kernel '" + d.kernel + "' needs " +
+                          std::to_string(d.threads.volume()) +
+                          " threads per threadgroup but the emulated pipeline allows " +
+                          std::to_string(max_threads));
       DispatchCount record;
       std::string key;
       if (count) {
         record.plan = plan_index;
         record.kernel = d.kernel;
         record.threadgroups = d.threadgroups.volume();
-        record.threads_per_threadgroup = d.threads.volume();
+        record.threads_per_threadgroup = threads.volume();
         key = d.pipeline_key() + "@" + std::to_string(d.threadgroups.x) + "," +
               std::to_string(d.threadgroups.y) + "," + std::to_string(d.threadgroups.z);
         // The params, but for a step's index: steps of one plan share a key.
@@ -354,6 +380,7 @@ class EmulatorExecutor final : public Executor {
         std::vector<void*> mine = bound.args;
         for (size_t i : bound.threadgroup_slots) mine[i] = tg_memory.data();
         GroupContext ctx{kernel.adapter, mine.data()};
+        uint64_t barriers = 0;
         for (size_t pos = static_cast<size_t>(tid); pos < sequence.size();
              pos += static_cast<size_t>(team)) {
           poison(tg_memory);  // threadgroup memory does not outlive its threadgroup
@@ -361,12 +388,14 @@ class EmulatorExecutor final : public Executor {
           const uint3 id{uint32_t(g % grid.x), uint32_t(g / grid.x % grid.y),
                          uint32_t(g / (grid.x * grid.y))};
           const CountContext before = mine_count;
-          run_threadgroup(d.kernel, d.threads, id, schedule, &run_thread, &ctx);
+          run_threadgroup(d.kernel, threads, id, schedule, &run_thread, &ctx);
           if (count) {  // this threadgroup stands for weight[pos] alike
             const uint64_t w = weight[pos];
             mine_count.read = before.read + (mine_count.read - before.read) * w;
             mine_count.written = before.written + (mine_count.written - before.written) * w;
             mine_count.fmas = before.fmas + (mine_count.fmas - before.fmas) * w;
+            const uint64_t calls = mine_count.barrier_calls - before.barrier_calls;
+            barriers = std::max(barriers, calls / threads.volume());
           }
         }
         if (count) {
@@ -374,6 +403,7 @@ class EmulatorExecutor final : public Executor {
           record.bytes_read += mine_count.read;
           record.bytes_written += mine_count.written;
           record.flops += 2 * mine_count.fmas;
+          record.barriers = std::max(record.barriers, barriers);
         }
       });
       if (count) {

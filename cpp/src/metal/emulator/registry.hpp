@@ -111,6 +111,7 @@ struct CountContext {
   const uintptr_t (*ranges)[2] = nullptr;
   size_t count = 0;
   uint64_t read = 0, written = 0, fmas = 0;
+  uint64_t barrier_calls = 0;  // threadgroup_barrier calls, by every thread
   void note(uintptr_t address, uint64_t size, bool write) {
     for (size_t k = 0; k < count; ++k)
       if (address >= ranges[k][0] && address < ranges[k][1]) {

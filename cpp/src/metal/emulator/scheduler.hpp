@@ -14,6 +14,8 @@ namespace rnncore::metal::emu {
 
 struct uint3 {
   uint32_t x = 0, y = 0, z = 0;
+  uint3() = default;
+  constexpr uint3(uint32_t a, uint32_t b, uint32_t c) : x(a), y(b), z(c) {}  // MSL's uint3(x, y, z)
 };
 
 // The thread-position attributes a kernel may ask for.

@@ -23,6 +23,9 @@
 
 namespace metal {
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+constexpr mem_flags operator|(mem_flags a, mem_flags b) {
+  return static_cast<mem_flags>(static_cast<int>(a) | static_cast<int>(b));
+}
 
 using std::exp;
 using std::fabs;
@@ -58,6 +61,7 @@ inline T clamp(T x, T lo, T hi) {
 // below), so threads waiting at different barriers are told apart, and a barrier the
 // compiler duplicates (a loop unswitched on a simdgroup's condition) is still one barrier.
 inline void threadgroup_barrier_at(mem_flags, const char* site) {
+  if (auto* n = rnncore::metal::emu::g_count) ++n->barrier_calls;
   rnncore::metal::emu::barrier(site);
 }
 
