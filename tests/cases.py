@@ -10,15 +10,16 @@ import itertools
 
 import numpy as np
 import pytest
-from util import FORWARD_TOL, GRADIENT_TOL, assert_rel_close, rel_err
+from util import BFLOAT16, FORWARD_TOL, GRADIENT_TOL, assert_rel_close, rel_err
 
 import rnncore
 from rnncore import _ops, reference
 
 KINDS = tuple(_ops.KINDS)
 GATES = {k: kind.gates for k, kind in _ops.KINDS.items()}
-# float64 runs on the CPU only, float16 (storage, float32 arithmetic) on Metal devices only.
-DTYPES = (np.float32, np.float64, np.float16)
+# float64 and bfloat16 storage run on the CPU only, float16 storage (float32 arithmetic) on
+# every device.
+DTYPES = (np.float32, np.float64, np.float16, BFLOAT16)
 
 # Forms of the mask that broadcast to [N, D·H] (the contract's list).
 MASK_FORMS = ("scalar", "dh", "1dh", "n1", "ndh")
@@ -63,11 +64,10 @@ def full_descriptor(kind, **fields):
 
 
 def supported(device, dtype):
-    """float64 is a CPU-only dtype (api.md), float16 a Metal-only one."""
-    if np.dtype(dtype) == np.float64:
+    """float64 and bfloat16 storage are CPU-only dtypes (api.md); float16 storage is on every
+    device."""
+    if np.dtype(dtype) in (np.float64, BFLOAT16):
         return device == "cpu"
-    if np.dtype(dtype) == np.float16:
-        return device != "cpu"
     return True
 
 

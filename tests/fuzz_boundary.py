@@ -55,6 +55,7 @@ import traceback
 import types
 import warnings
 
+import ml_dtypes
 import numpy as np
 from cases import ACTIVATIONS as ACTIVATION_NAMES
 from cases import DEFAULT_ACTIVATIONS, FLAG_FIELDS, OPTIONAL_INPUTS, z_width
@@ -119,7 +120,9 @@ def default_device():
 
 def device_dtypes(device):
     """The dtypes a device computes (README "Devices")."""
-    return ("float32", "float64") if device == "cpu" else ("float32", "float16")
+    if device == "cpu":
+        return ("float32", "float64", "float16", "bfloat16")
+    return ("float32", "float16")
 
 
 # --------------------------------------------------------------------------------------
@@ -285,6 +288,21 @@ def _fortran(a, rng):
     return np.asfortranarray(a), "fortran"
 
 
+def _torch_from(x):
+    """torch.from_numpy, and ml_dtypes.bfloat16 arrays through their bits."""
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(x)
+
+
+def _torch_bytes(t):
+    """A tensor's bytes (bfloat16 through an int16 view: numpy has no bfloat16)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
 def make_container(arg, rng, layout):
     """Set arg.obj (and tags) from arg.values, per `layout`."""
     a = arg.values.astype(arg.dtype)
@@ -321,14 +339,14 @@ def make_container(arg, rng, layout):
             t = torch.empty(a.shape, dtype=getattr(torch, str(arg.dtype)))  # NULL data
             arg.tags.append("torch-empty")
         else:
-            t = torch.from_numpy(np.ascontiguousarray(a))
+            t = _torch_from(np.ascontiguousarray(a))
             arg.tags.append("torch")
         if layout == "torch-t" and a.ndim >= 2:
-            t = torch.from_numpy(np.ascontiguousarray(np.swapaxes(a, 0, 1))).transpose(0, 1)
+            t = _torch_from(np.ascontiguousarray(np.swapaxes(a, 0, 1))).transpose(0, 1)
             arg.tags[-1] = "torch-transposed"
         elif layout == "torch-expand" and getattr(arg, "stride0_axis", None) is not None:
             axis = arg.stride0_axis
-            first = torch.from_numpy(np.ascontiguousarray(np.take(a, [0], axis=axis)))
+            first = _torch_from(np.ascontiguousarray(np.take(a, [0], axis=axis)))
             t = first.expand(*a.shape)
             arg.tags[-1] = f"torch-expand-axis{axis}"
         elif layout == "torch-grad":
@@ -346,7 +364,7 @@ def make_container(arg, rng, layout):
     if isinstance(arg.obj, np.ndarray):
         arg.snapshot = (arg.obj, arg.obj.tobytes())
     elif torch is not None and isinstance(arg.obj, torch.Tensor):
-        arg.snapshot = (arg.obj, arg.obj.detach().numpy().tobytes())
+        arg.snapshot = (arg.obj, _torch_bytes(arg.obj))
 
 
 def untouched(arg):
@@ -354,13 +372,18 @@ def untouched(arg):
         return True
     obj, before = arg.snapshot
     if torch is not None and isinstance(obj, torch.Tensor):
-        return obj.detach().numpy().tobytes() == before
+        return _torch_bytes(obj) == before
     return obj.tobytes() == before
 
 
 # --------------------------------------------------------------------------------------
 # The generator
 # --------------------------------------------------------------------------------------
+
+
+def finfo(dtype):
+    """np.finfo, and ml_dtypes.finfo for bfloat16 (numpy's refuses it)."""
+    return ml_dtypes.finfo(dtype) if np.dtype(dtype).name == "bfloat16" else np.finfo(dtype)
 
 
 def pick(rng, items, weights=None):
@@ -456,12 +479,12 @@ class Case:
             self.device_arg = ("keyword", self.device)
         supported = device_dtypes(self.device)
         r = rng.random()
-        if r < 0.04:  # a float dtype the device does not compute, for every array
-            other = [d for d in ("float32", "float64", "float16") if d not in supported]
+        other = [d for d in ("float32", "float64", "float16", "bfloat16") if d not in supported]
+        if r < 0.04 and other:  # a float dtype the device does not compute, for every array
             self.dtype = np.dtype(pick(rng, other))
             self.invalid.append(f"{self.dtype} on {self.device}")
         else:
-            self.dtype = np.dtype(supported[0] if r < 0.65 else supported[1])
+            self.dtype = np.dtype(supported[0] if r < 0.65 else pick(rng, list(supported[1:])))
 
     def choose_descriptor(self):
         """Random fields; then how the descriptor reaches the call."""
@@ -705,6 +728,9 @@ class Case:
             weights += [2.5, 0.5, 0.3, 0.5, 0.5]
         layouts += ["capsule", "list"]
         weights += [0.8, 0.3]
+        if self.dtype.name == "bfloat16":  # numpy exports it neither as a buffer nor DLPack
+            keep = [i for i, x in enumerate(layouts) if x not in ("memoryview", "capsule")]
+            layouts, weights = [layouts[i] for i in keep], [weights[i] for i in keep]
         alias = getattr(self, "alias", None)
         stride0 = getattr(self, "stride0", {})
         for name, arg in self.args.items():
@@ -990,7 +1016,7 @@ def check_result(case, result):
     tol = (GRADIENT_TOL if case.grad else FORWARD_TOL)[dtype]
     arrays = [np.abs(v) for v in ref if v is not None and np.size(v)]
     peak = max((float(np.nanmax(a)) for a in arrays), default=0.0)
-    overflow = peak > np.finfo(dtype).max / 2  # the true values do not fit the dtype
+    overflow = peak > finfo(dtype).max / 2  # the true values do not fit the dtype
     worst = 0.0
     for field in ref._fields:
         got, want = getattr(result, field), getattr(ref, field)
@@ -1042,7 +1068,7 @@ def sensitivity(case, ref, field):
     """How much `field` of the reference moves when the inputs move by one rounding
     error of the case's dtype (cached per case)."""
     if not hasattr(case, "perturbed"):
-        eps = float(np.finfo(case.dtype).eps)
+        eps = float(finfo(case.dtype).eps)
         with np.errstate(all="ignore"):
             case.perturbed = reference_result(case, perturb=eps)
     return rel_err(getattr(case.perturbed, field), getattr(ref, field))

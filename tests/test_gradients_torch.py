@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from cases import DTYPES, gradient_tol, run_gradients, skip_unsupported
 from test_forward_torch import torch_module
-from util import assert_rel_close
+from util import BFLOAT16, assert_rel_close
 
 import rnncore
 from rnncore import convert
@@ -64,6 +64,14 @@ def to_rnncore(mode, params, direction):
     return kind, desc, convert.weights_from_torch(kind, params)
 
 
+def skip_unrounded_reference(mode, dtype):
+    """PyTorch runs on the unrounded inputs here: rounding them to bfloat16 (8 bits) alone
+    moves a ReLU layer's gradients by 15-30% (the forward's tolerance is 5e-2). Those are
+    checked against the float64 reference on the rounded inputs (test_gradients_reference)."""
+    if np.dtype(dtype) == BFLOAT16 and mode == "rnn_relu":
+        pytest.skip("bfloat16 input rounding exceeds the tolerance of an unrounded reference")
+
+
 def torch_gradients(params):
     """PyTorch's parameter gradients under its names (``weight_ih_l0``, ...)."""
     return {
@@ -107,6 +115,7 @@ def torch_run(module, mode, x, h0, c0, with_init, rng):
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
     skip_unsupported(device, dtype)
+    skip_unrounded_reference(mode, dtype)
     bidirectional = direction == "bi"
     module, params, (kind, desc, weights), x, h0, c0 = make_layer(mode, size, direction, rng)
     # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
@@ -161,6 +170,7 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
 def test_output_gradient_only_matches_torch_autograd(rng, device, mode, direction, dtype):
     """Without state_gradient / cell_gradient: the loss is sum(y·dy) alone."""
     skip_unsupported(device, dtype)
+    skip_unrounded_reference(mode, dtype)
     bidirectional = direction == "bi"
     module, params, (kind, desc, weights), x, h0, c0 = make_layer(
         mode, (5, 2, 3, 4), direction, rng

@@ -310,7 +310,8 @@ MISTAKES = [
     (
         lambda x, R: rnncore.gru(x, R.astype(np.int32)),
         TypeError,
-        r"^\[gru\] recurrent_weight must be a float32, float64 or float16 array but has dtype "
+        r"^\[gru\] recurrent_weight must be a float32, float64, float16 or bfloat16 array but "
+        r"has dtype "
         r"int32",
     ),
     (

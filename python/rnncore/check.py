@@ -16,21 +16,29 @@ import sys
 import time
 from typing import NamedTuple, Optional
 
+import ml_dtypes
 import numpy as np
 
 import rnncore
 from rnncore import reference
 from rnncore._ops import KINDS, activation_fields, flag_fields, rel_err
 
-# The contract's tolerances (relative to the reference's norm).
-# float16 is a storage type of the Metal devices (float32 arithmetic): 1e-2.
-FORWARD_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 1e-2}
+# The contract's tolerances (relative to the reference's norm). float16 and bfloat16 are
+# storage types (float32 arithmetic): 1e-2 and 5e-2.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FORWARD_TOL = {
+    np.dtype(np.float32): 1e-5,
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.float16): 1e-2,
+    BFLOAT16: 5e-2,
+}
 GRADIENT_TOL = {
     np.dtype(np.float32): 1e-4,
     np.dtype(np.float64): 1e-10,
     np.dtype(np.float16): 1e-2,
+    BFLOAT16: 5e-2,
 }
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
 
 # ---- what each layer kind has (from _ops and the binding) ----------------------------------
 
@@ -402,10 +410,9 @@ def run(args):
         for dtype in DTYPES:
             reason = dtype_support(device, dtype)
             if reason is not None:
-                # float64 is optional off the CPU, float16 on it; anything else is a failure.
-                optional = "TypeError" in reason and (
-                    (dtype == np.float64 and device != "cpu")
-                    or (dtype == np.float16 and device == "cpu")
+                # float64 and bfloat16 are optional off the CPU; anything else is a failure.
+                optional = (
+                    "TypeError" in reason and dtype in (np.float64, BFLOAT16) and device != "cpu"
                 )
                 broken = broken or not optional
                 for op in ops:

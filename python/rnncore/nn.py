@@ -122,8 +122,10 @@ class _Recurrent:
                     f"[rnncore.nn.{name}] {arg} must be an int >= {low}, not {value!r}"
                 )
         self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64, np.float16):
-            raise TypeError(f"[rnncore.nn.{name}] dtype must be float32, float64 or float16")
+        if self.dtype.name not in ("float32", "float64", "float16", "bfloat16"):
+            raise TypeError(
+                f"[rnncore.nn.{name}] dtype must be float32, float64, float16 or bfloat16"
+            )
         self.input_size = int(input_size)
         self.hidden_size = H = int(hidden_size)
         self.num_layers = int(num_layers)
@@ -254,7 +256,7 @@ class _Recurrent:
     def _sequence(self, x):
         """x in the user's layout -> time-major [T, N, I], and whether it was unbatched."""
         x = np.asarray(x)
-        if x.dtype.kind != "f":
+        if x.dtype.kind != "f" and x.dtype.name != "bfloat16":  # ml_dtypes' kind is "V"
             raise TypeError(f"[{self._label}] x must be a float array but has dtype {x.dtype}")
         layout = "(N, L, {})" if self.batch_first else "(L, N, {})"
         if x.ndim not in (2, 3) or x.shape[-1] != self.input_size:

@@ -48,6 +48,7 @@ std::string dtype_text(const nb::dlpack::dtype& t) {
 }
 
 const nb::dlpack::dtype kFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+const nb::dlpack::dtype kBFloat16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
 TensorView view(const char* op, const char* name, const Array& a) {
   DType dt;
@@ -57,9 +58,11 @@ TensorView view(const char* op, const char* name, const Array& a) {
     dt = DType::Float64;
   else if (a.dtype() == kFloat16)
     dt = DType::Float16;
+  else if (a.dtype() == kBFloat16)
+    dt = DType::BFloat16;
   else
     throw TypeError(std::string("[") + op + "] " + name +
-                    " must be a float32, float64 or float16 array but has dtype " +
+                    " must be a float32, float64, float16 or bfloat16 array but has dtype " +
                     dtype_text(a.dtype()));
   Shape shape(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) shape[i] = static_cast<int64_t>(a.shape(i));
@@ -75,12 +78,17 @@ nb::object to_numpy(const Tensor& t) {
   auto* keep = new std::shared_ptr<void>(t.storage());
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
   std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  // numpy has no bfloat16: its bits go out as uint16 and are viewed as ml_dtypes.bfloat16.
+  const bool bf16 = t.dtype() == DType::BFloat16;
   const nb::dlpack::dtype dt = t.dtype() == DType::Float32   ? nb::dtype<float>()
                                : t.dtype() == DType::Float64 ? nb::dtype<double>()
+                               : bf16                        ? nb::dtype<uint16_t>()
                                                              : kFloat16;
   nb::ndarray<nb::numpy> arr(const_cast<void*>(t.data()), shape.size(), shape.data(), owner,
                              nullptr, dt);
-  return nb::cast(arr, nb::rv_policy::reference);
+  nb::object out = nb::cast(arr, nb::rv_policy::reference);
+  if (bf16) out = out.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
+  return out;
 }
 
 nb::object to_numpy(const std::optional<Tensor>& t) { return t ? to_numpy(*t) : nb::none(); }
@@ -136,8 +144,22 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
     throw TypeError(where + " is required" + (hint ? std::string(": ") + hint : std::string()));
   }
   Array a;
-  if (!nb::try_cast<Array>(h, a, true)) refuse_array(where, h);
-  return a;
+  if (nb::try_cast<Array>(h, a, true)) return a;
+  // A numpy array of ml_dtypes.bfloat16 exports neither a buffer nor DLPack: read its bits
+  // (as uint16) in place and tag them bfloat16; the view keeps the array alive.
+  if (nb::hasattr(h, "dtype") && nb::hasattr(h, "view") && nb::hasattr(h, "__array_interface__") &&
+      text(h.attr("dtype")) == "bfloat16") {
+    // C order first (a strided view is copied, as the caster copies other arrays).
+    nb::object bits =
+        nb::module_::import_("numpy").attr("ascontiguousarray")(h.attr("view")("uint16"));
+    nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu, uint16_t> u;
+    if (nb::try_cast(bits, u, false)) {
+      std::vector<size_t> shape(u.ndim());
+      for (size_t i = 0; i < u.ndim(); ++i) shape[i] = u.shape(i);
+      return Array(u.data(), u.ndim(), shape.data(), bits, nullptr, kBFloat16);
+    }
+  }
+  refuse_array(where, h);
 }
 
 // sequence_lengths: any one-dimensional array of integers (numpy, a list, a CPU tensor), as

@@ -10,8 +10,9 @@
 
 namespace rnncore {
 
-// Float16 is a storage type of the Metal backend (its arithmetic is float32).
-enum class DType : int32_t { Float32 = 0, Float64 = 1, Float16 = 2 };
+// Float16 and BFloat16 are storage types (the arithmetic is float32): float16 on every
+// device, bfloat16 on the CPU.
+enum class DType : int32_t { Float32 = 0, Float64 = 1, Float16 = 2, BFloat16 = 3 };
 
 const char* dtype_name(DType d);
 int64_t dtype_size(DType d);

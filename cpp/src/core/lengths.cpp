@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/activations.hpp"
+#include "cpu/narrow.hpp"
 #include "cpu/thread_pool.hpp"
 #include "metal/emulator/half.hpp"
 
@@ -25,6 +26,16 @@ struct Elem<uint16_t> {
   using C = float;
   static C get(uint16_t v) { return metal::emu::half_bits_to_float(v); }
   static uint16_t put(C v) { return metal::emu::float_to_half_bits(v); }
+};
+// bfloat16 storage: the upper half of a float32 (rounded to nearest even).
+struct BFloat16Bits {
+  uint16_t bits;
+};
+template <>
+struct Elem<BFloat16Bits> {
+  using C = float;
+  static C get(BFloat16Bits v) { return cpu::bfloat16_to_float(v.bits); }
+  static BFloat16Bits put(C v) { return {cpu::float_to_bfloat16(v)}; }
 };
 
 // Which rows run when. Rows sorted by length, longest first (ties in row order); segment j
@@ -487,6 +498,7 @@ void with_storage(DType t, F&& f) {
     case DType::Float32: return f(float{});
     case DType::Float64: return f(double{});
     case DType::Float16: return f(uint16_t{});
+    case DType::BFloat16: return f(BFloat16Bits{});
   }
 }
 

@@ -33,8 +33,10 @@ Backend& backend_for(Device device, const Problem& p, bool gradients) {
   if (!be.computes(p.dtype))
     throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() + ", not " +
                     dtype_name(p.dtype) + "; " +
-                    (p.dtype == DType::Float16 ? "float16 is a storage type of device 'metal'"
-                                               : "float64 is computed on device 'cpu'"));
+                    (p.dtype == DType::BFloat16
+                         ? "bfloat16 storage is computed on device 'cpu' (the Metal kernels "
+                           "have no bfloat variant: MSL's bfloat needs macOS 14)"
+                         : std::string(dtype_name(p.dtype)) + " is computed on device 'cpu'"));
   be.admit(p, gradients);
   return be;
 }

@@ -14,6 +14,7 @@ const char* dtype_name(DType d) {
     case DType::Float32: return "float32";
     case DType::Float64: return "float64";
     case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
   }
   return "?";
 }

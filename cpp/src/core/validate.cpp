@@ -22,7 +22,8 @@ void Checker::type_error(const std::string& msg) const {
 }
 
 void Checker::dtype(const char* name, const TensorView& v) {
-  if (v.dtype != DType::Float32 && v.dtype != DType::Float64 && v.dtype != DType::Float16)
+  if (v.dtype != DType::Float32 && v.dtype != DType::Float64 && v.dtype != DType::Float16 &&
+      v.dtype != DType::BFloat16)
     type_error(std::string(name) + " has an unsupported dtype");
   for (int64_t s : v.shape)
     if (s < 0) value_error(std::string(name) + " has a negative size " + shape_to_string(v.shape));

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <thread>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "cpu/fused.hpp"
+#include "cpu/narrow.hpp"
 #include "cpu/recurrence.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -270,7 +272,13 @@ void direction_inputs(const Problem& p, const detail::ForwardArrays& in, const v
 // The contract's wrapper ("How every forward operation is built"): project + bias,
 // broadcast the mask, then per direction the core recurrence with its time flips, writing
 // straight into the concatenated outputs.
-void forward_op(const Problem& p, const detail::ForwardArrays& in) {
+// r16: the caller's 16-bit R (float16 or bfloat16 storage), for the fused forward's panels.
+struct NarrowR {
+  const uint16_t* bits = nullptr;
+  DType dtype = DType::Float32;
+};
+
+void forward_op(const Problem& p, const detail::ForwardArrays& in, NarrowR r16 = {}) {
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
   const void* xp = in.source;
   Tensor xbuf;
@@ -286,6 +294,8 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
   for (int64_t d = 0; d < D; ++d) {
     DirectionForward& a = dirs[d];
     direction_inputs(p, in, mask.data(), d, a);
+    a.R_narrow = r16.bits ? r16.bits + d * p.gh() * H : nullptr;
+    a.R_bfloat16 = r16.dtype == DType::BFloat16;
     a.xp = off(xp, d * p.gh());
     a.xp_ld = dgh;
     a.b2 = p.gru.reset_after ? off(in.secondary_bias, d * H) : nullptr;
@@ -348,6 +358,123 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
                   p.has_input_weight ? in.dsource : nullptr, in.dW, in.dbias);
 }
 
+// ---- float16 and bfloat16 storage (contract: storage types) ------------------------------
+// Every 16-bit array is widened to float32, the float32 op runs, and its outputs are
+// narrowed into the caller's arrays: the arithmetic, and the state carried from step to
+// step, are float32.
+bool narrow_storage(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
+
+class Widened {
+ public:
+  explicit Widened(DType storage) : bfloat16_(storage == DType::BFloat16) {}
+  // A float32 copy of n 16-bit elements at p (null stays null).
+  const void* in(const void* p, int64_t n) {
+    if (!p) return nullptr;
+    Tensor t = Tensor::empty({n}, DType::Float32);
+    if (bfloat16_)
+      widen_bfloat16(static_cast<const uint16_t*>(p), t.ptr<float>(), n);
+    else
+      widen_half(static_cast<const uint16_t*>(p), t.ptr<float>(), n);
+    keep_.push_back(std::move(t));
+    return keep_.back().data();
+  }
+  // A float32 array of n elements narrowed into p by finish() (null stays null).
+  void* out(void* p, int64_t n) {
+    if (!p) return nullptr;
+    keep_.push_back(Tensor::empty({n}, DType::Float32));
+    outputs_.push_back({p, keep_.size() - 1, n});
+    return keep_.back().data();
+  }
+  void finish() {
+    for (const Output& o : outputs_) {
+      const float* src = keep_[o.tensor].ptr<float>();
+      if (bfloat16_)
+        narrow_bfloat16(src, static_cast<uint16_t*>(o.dst), o.n);
+      else
+        narrow_half(src, static_cast<uint16_t*>(o.dst), o.n);
+    }
+  }
+
+ private:
+  struct Output {
+    void* dst;
+    size_t tensor;
+    int64_t n;
+  };
+  bool bfloat16_;
+  std::deque<Tensor> keep_;
+  std::vector<Output> outputs_;
+};
+
+// Element counts of the arrays of a problem (docs/semantics.md, "Shapes").
+struct Sizes {
+  int64_t source, W, R, bias, nh, seq, z, peephole, b2;
+  explicit Sizes(const Problem& p)
+      : source(p.T * p.N * (p.has_input_weight ? p.I : p.D * p.gh())),
+        W(p.D * p.gh() * p.I),
+        R(p.D * p.gh() * p.H),
+        bias(p.D * p.gh()),
+        nh(p.N * p.dh()),
+        seq(p.T * p.N * p.dh()),
+        z(p.T * p.N * p.D * p.ZG * p.H),
+        peephole(p.D * 4 * p.H),
+        b2(p.dh()) {}
+};
+
+detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays& a, Widened& w) {
+  const Sizes n(p);
+  detail::ForwardArrays f = a;
+  f.source = w.in(a.source, n.source);
+  f.input_weight = w.in(a.input_weight, n.W);
+  f.recurrent_weight = w.in(a.recurrent_weight, n.R);
+  f.bias = w.in(a.bias, n.bias);
+  f.init_state = w.in(a.init_state, n.nh);
+  f.init_cell = w.in(a.init_cell, n.nh);
+  f.mask = w.in(a.mask, a.mask_rows * a.mask_cols);
+  f.peephole = w.in(a.peephole, n.peephole);
+  f.secondary_bias = w.in(a.secondary_bias, n.b2);
+  return f;
+}
+
+void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
+  Problem q = p;
+  q.dtype = DType::Float32;
+  const Sizes n(p);
+  Widened w(p.dtype);
+  detail::ForwardArrays f = widen_inputs(p, a, w);
+  f.state = w.out(a.state, n.seq);
+  f.cell = w.out(a.cell, n.seq);
+  f.z_state = w.out(a.z_state, n.z);
+  forward_op(q, f, {static_cast<const uint16_t*>(a.recurrent_weight), p.dtype});
+  w.finish();
+}
+
+void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
+  Problem q = p;
+  q.dtype = DType::Float32;
+  const Sizes n(p);
+  Widened w(p.dtype);
+  detail::BackwardArrays b = a;
+  b.fwd = widen_inputs(p, a.fwd, w);
+  b.z_state = w.in(a.z_state, n.z);
+  b.h_fwd = w.in(a.h_fwd, n.seq);
+  b.c_fwd = w.in(a.c_fwd, n.seq);
+  b.dy = w.in(a.dy, n.seq);
+  b.dh_final = w.in(a.dh_final, n.nh);
+  b.dc_final = w.in(a.dc_final, n.nh);
+  b.dc_steps = w.in(a.dc_steps, n.seq);
+  b.dsource = w.out(a.dsource, n.source);
+  b.dR = w.out(a.dR, n.R);
+  b.dW = w.out(a.dW, n.W);
+  b.dbias = w.out(a.dbias, n.bias);
+  b.dh0 = w.out(a.dh0, n.nh);
+  b.dc0 = w.out(a.dc0, n.nh);
+  b.dP = w.out(a.dP, n.peephole);
+  b.db2 = w.out(a.db2, n.b2);
+  backward_op(q, b);
+  w.finish();
+}
+
 class CpuBackend final : public detail::Backend {
  public:
   CpuBackend() { claim_blas_threads(); }
@@ -356,8 +483,20 @@ class CpuBackend final : public detail::Backend {
   Tensor allocate_zeroed(const Shape& shape, DType dtype) override {
     return Tensor::zeros(shape, dtype);  // fresh pages the OS zeroed: no pass over them
   }
-  void forward(const Problem& p, const detail::ForwardArrays& a) override { forward_op(p, a); }
-  void backward(const Problem& p, const detail::BackwardArrays& a) override { backward_op(p, a); }
+  const char* dtypes() const override {
+    return "float32 and float64, and float16 and bfloat16 storage";
+  }
+  bool computes(DType d) const override {
+    return d == DType::Float32 || d == DType::Float64 || narrow_storage(d);
+  }
+  void forward(const Problem& p, const detail::ForwardArrays& a) override {
+    if (narrow_storage(p.dtype)) return forward_narrow(p, a);
+    forward_op(p, a);
+  }
+  void backward(const Problem& p, const detail::BackwardArrays& a) override {
+    if (narrow_storage(p.dtype)) return backward_narrow(p, a);
+    backward_op(p, a);
+  }
 };
 
 }  // namespace

@@ -10,7 +10,11 @@ namespace rnncore::cpu {
 // offset to this direction's columns; `*_ld` are row strides in elements, and time step
 // t starts at row t*N.
 struct DirectionInputs {
-  const void* R = nullptr;   // [G*H, H]
+  const void* R = nullptr;  // [G*H, H]
+  // float16 or bfloat16 storage: R as the caller gave it (16 bits, R_bfloat16 says which),
+  // for the fused forward's panels; R above is its float32 copy. Null otherwise.
+  const uint16_t* R_narrow = nullptr;
+  bool R_bfloat16 = false;
   const void* h0 = nullptr;  // [N, H] or null (zeros)
   int64_t h0_ld = 0;
   const void* c0 = nullptr;  // LSTM [N, H] or null (zeros)

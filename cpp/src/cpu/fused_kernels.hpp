@@ -21,7 +21,21 @@
 #include "cpu/thread_pool.hpp"
 #include "cpu/vmath.hpp"
 
+// float16 and bfloat16 storage: R's panels in 16 bits, widened by the tile as it loads them,
+// where the instruction set converts (F16C for float16; the AVX2 and AVX-512 variants are
+// built with it; bfloat16 is a zero-extend and a shift).
+#if defined(__F16C__) && (defined(__x86_64__) || defined(_M_X64))
+#include <immintrin.h>
+#define RNNCORE_FUSED_HALF_PANELS 1
+#else
+#define RNNCORE_FUSED_HALF_PANELS 0
+#endif
+
 namespace rnncore::cpu {
+// A bfloat16 element of R's panels (its bits), told apart from a float16 one (uint16_t).
+struct BFloat16Elem {
+  uint16_t bits;
+};
 // Internal linkage: each instruction-set translation unit has its own copy, so the linker
 // can never hand code built for one ISA to another.
 namespace {
@@ -39,13 +53,63 @@ struct Fused {  // S: the scalar type
 
   using Problem = detail::Problem;
   using Dir = DirectionForward;
+
+  // Panels of R in 16 bits (float16 or bfloat16 storage): half the bytes each step streams
+  // from L2.
+  static constexpr bool kHalfPanels =
+      RNNCORE_FUSED_HALF_PANELS && std::is_same_v<S, float> && (W == 8 || W == 16);
+  static vec load(const S* p) { return *reinterpret_cast<const vec*>(p); }
+  static vec load(const uint16_t* p) {
+    vec r;
+#if RNNCORE_FUSED_HALF_PANELS
+    if constexpr (W == 8) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      std::memcpy(&r, &v, sizeof r);
+    } else if constexpr (W == 16) {
+      // (maskz: _mm512_cvtph_ps's undefined pass-through trips GCC's uninitialised warning)
+      const __m512 v = _mm512_maskz_cvtph_ps(
+          __mmask16(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      std::memcpy(&r, &v, sizeof r);
+    }
+#else
+    (void)p;
+    r = vec{};
+#endif
+    return r;
+  }
+  // bfloat16: zero-extend the bits to 32 and shift them into a float's upper half.
+  static vec load(const BFloat16Elem* p) {
+    vec r;
+#if RNNCORE_FUSED_HALF_PANELS
+    if constexpr (W == 8) {
+      const __m256i v = _mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+      std::memcpy(&r, &v, sizeof r);
+      return r;
+    } else if constexpr (W == 16) {
+      // (maskz: the unmasked forms' undefined pass-through trips GCC's uninitialised warning)
+      const __m512i v = _mm512_maskz_slli_epi32(
+          __mmask16(0xFFFF),
+          _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+          16);
+      std::memcpy(&r, &v, sizeof r);
+      return r;
+    }
+#endif
+    for (int w = 0; w < W; ++w) {
+      const uint32_t bits = uint32_t(p[w].bits) << 16;
+      std::memcpy(reinterpret_cast<char*>(&r) + w * sizeof(S), &bits, sizeof bits);
+    }
+    return r;
+  }
   static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
-  template <int G, int M>
-  static void tile(const S* A, int64_t lda, int64_t K, const S* Bp, S* out, bool accumulate) {
+  template <int G, int M, class P>
+  static void tile(const S* A, int64_t lda, int64_t K, const P* Bp, S* out, bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     const vec zero = {};
     vec acc[U][M][G];
@@ -58,8 +122,7 @@ struct Fused {  // S: the scalar type
     for (; k + U <= K; k += U)
       for (int u = 0; u < U; ++u) {
         vec b[G];
-        for (int g = 0; g < G; ++g)
-          b[g] = *reinterpret_cast<const vec*>(Bp + ((k + u) * G + g) * W);
+        for (int g = 0; g < G; ++g) b[g] = load(Bp + ((k + u) * G + g) * W);
         for (int r = 0; r < M; ++r) {
           const S a = A[r * lda + k + u];
           for (int g = 0; g < G; ++g) acc[u][r][g] += a * b[g];
@@ -68,8 +131,7 @@ struct Fused {  // S: the scalar type
     for (; k < K; ++k)
       for (int r = 0; r < M; ++r) {
         const S a = A[r * lda + k];
-        for (int g = 0; g < G; ++g)
-          acc[0][r][g] += a * *reinterpret_cast<const vec*>(Bp + (k * G + g) * W);
+        for (int g = 0; g < G; ++g) acc[0][r][g] += a * load(Bp + (k * G + g) * W);
       }
     for (int r = 0; r < M; ++r)
       for (int g = 0; g < G; ++g) {
@@ -79,11 +141,11 @@ struct Fused {  // S: the scalar type
       }
   }
 
-  template <int G, int M = rows<G>()>
-  static void tile_rows(int m, const S* A, int64_t lda, int64_t K, const S* Bp, S* out,
+  template <int G, class P, int M = rows<G>()>
+  static void tile_rows(int m, const S* A, int64_t lda, int64_t K, const P* Bp, S* out,
                         bool accumulate) {
     if constexpr (M > 1) {
-      if (m < M) return tile_rows<G, M - 1>(m, A, lda, K, Bp, out, accumulate);
+      if (m < M) return tile_rows<G, P, M - 1>(m, A, lda, K, Bp, out, accumulate);
     }
     tile<G, M>(A, lda, K, Bp, out, accumulate);
   }
@@ -91,15 +153,16 @@ struct Fused {  // S: the scalar type
   // out[n][g][:] = sum_k A[n, k] * panel[k][g][:] for every row n < N. The k loop is
   // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
   // passes over it; without the blocking each row tile streams the whole panel from L2.
-  template <int G>
-  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const S* panel, S* out) {
+  template <int G, class P = S>
+  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const P* panel, S* out) {
     constexpr int M = rows<G>();
-    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(S))));
+    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(P))));
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - k0);
       for (int64_t n0 = 0; n0 < N; n0 += M) {
         const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
-        tile_rows<G>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W, k0 > 0);
+        tile_rows<G, P>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W,
+                        k0 > 0);
       }
     }
   }
@@ -112,16 +175,16 @@ struct Fused {  // S: the scalar type
   }
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
-  template <int G>
-  static void pack_panels(const S* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
-                          S* Bp) {
+  template <int G, class P>
+  static void pack_panels(const P* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
+                          P* Bp) {
     for (int64_t b = b0; b < b1; ++b) {
-      S* panel = Bp + b * H * G * W;
+      P* panel = Bp + b * H * G * W;
       for (int g = 0; g < G; ++g)
         for (int w = 0; w < W; ++w) {
           const int64_t u = b * W + w;
-          const S* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
-          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : S(0);
+          const P* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
+          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : P{};
         }
     }
   }
@@ -157,6 +220,24 @@ struct Fused {  // S: the scalar type
     b.extra[0] = q + 3 * NH;
     b.extra[1] = q + 4 * NH;
     return b;
+  }
+
+  // Whether direction a's panels are 16-bit (narrow storage and an ISA that converts).
+  static bool half_panels(const Dir& a) { return kHalfPanels && a.R_narrow != nullptr; }
+
+  // block_product over the panel at element `offset` of the panels, in their type.
+  template <int G>
+  static void panel_product(const Dir& a, const Buffers& bf, int64_t offset, const S* A,
+                            int64_t lda, int64_t N, int64_t K, S* out) {
+    if constexpr (kHalfPanels) {
+      if (half_panels(a) && a.R_bfloat16)
+        return block_product<G, BFloat16Elem>(
+            A, lda, N, K, reinterpret_cast<const BFloat16Elem*>(bf.panels) + offset, out);
+      if (half_panels(a))
+        return block_product<G, uint16_t>(
+            A, lda, N, K, reinterpret_cast<const uint16_t*>(bf.panels) + offset, out);
+    }
+    block_product<G>(A, lda, N, K, bf.panels + offset, out);
   }
 
   struct Rows {
@@ -218,33 +299,49 @@ struct Fused {  // S: the scalar type
   // and sets up their units for step 0. The reset-before GRU packs the z and r rows first,
   // then the candidate rows, as two sets of panels.
   static void pack(const Problem& p, const Dir& a, S* ws, int64_t b0, int64_t b1) {
-    const int64_t H = p.H, nb = (H + W - 1) / W;
+    const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
-    const S* R = static_cast<const S*>(a.R);
+    if constexpr (kHalfPanels) {
+      if (half_panels(a)) {
+        if (a.R_bfloat16)
+          pack_all(p, reinterpret_cast<const BFloat16Elem*>(a.R_narrow),
+                   reinterpret_cast<BFloat16Elem*>(bf.panels), b0, b1);
+        else
+          pack_all(p, a.R_narrow, reinterpret_cast<uint16_t*>(bf.panels), b0, b1);
+        return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
+      }
+    }
+    pack_all(p, static_cast<const S*>(a.R), bf.panels, b0, b1);
+    init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
+  }
+
+  // The panels [b0, b1) of every gate set of the op, in R's element type P.
+  template <class P>
+  static void pack_all(const Problem& p, const P* R, P* panels, int64_t b0, int64_t b1) {
+    const int64_t H = p.H, nb = (H + W - 1) / W;
     switch (p.op) {
       case detail::OpKind::Rnn: {
         static constexpr int gates[1] = {0};
-        pack_panels<1>(R, H, gates, b0, b1, bf.panels);
+        pack_panels<1>(R, H, gates, b0, b1, panels);
         break;
       }
       case detail::OpKind::Lstm: {
         static constexpr int gates[4] = {0, 1, 2, 3};
-        pack_panels<4>(R, H, gates, b0, b1, bf.panels);
+        pack_panels<4>(R, H, gates, b0, b1, panels);
         break;
       }
       case detail::OpKind::Gru:
         if (p.gru.reset_after) {
           static constexpr int gates[3] = {0, 1, 2};
-          pack_panels<3>(R, H, gates, b0, b1, bf.panels);
+          pack_panels<3>(R, H, gates, b0, b1, panels);
         } else {
           static constexpr int zr_gates[2] = {0, 1};
           static constexpr int o_gates[1] = {2};
-          pack_panels<2>(R, H, zr_gates, b0, b1, bf.panels);
-          pack_panels<1>(R, H, o_gates, b0, b1, bf.panels + nb * H * 2 * W);
+          pack_panels<2>(R, H, zr_gates, b0, b1, panels);
+          pack_panels<1>(R, H, o_gates, b0, b1, panels + nb * H * 2 * W);
         }
         break;
     }
-    init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
   }
 
   // Phase `phase` of step s for the units of panels [b0, b1); blk holds block(p) elements.
@@ -271,7 +368,7 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -310,7 +407,7 @@ struct Fused {  // S: the scalar type
     S* const z = rows.z;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
       // Full panels (all of them when W divides H) get loops of a constant length.
       auto row = [&](auto full, int64_t n) {
         const int64_t L = decltype(full)::value ? int64_t(W) : wv;
@@ -362,7 +459,7 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      block_product<G>(A.data, A.ld, N, H, bf.panels + b * H * G * W, blk);
+      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -393,7 +490,6 @@ struct Fused {  // S: the scalar type
   static void gru_before_zr(const Problem& p, const Dir& a, const Buffers& bf, int64_t s,
                             int64_t b0, int64_t b1, S* blk) {
     const int64_t N = p.N, H = p.H;
-    const S* pzr = bf.panels;
     S* zbuf = bf.extra[0];
     S* ubuf = bf.extra[1];
     const int64_t zo = p.gru_z, ro = p.gru_r;
@@ -402,7 +498,7 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      block_product<2>(A.data, A.ld, N, H, pzr + b * H * 2 * W, blk);
+      panel_product<2>(a, bf, b * H * 2 * W, A.data, A.ld, N, H, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * 2 * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -425,7 +521,6 @@ struct Fused {  // S: the scalar type
   static void gru_before_o(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                            int64_t b1, S* blk) {
     const int64_t N = p.N, H = p.H, nb = (H + W - 1) / W;
-    const S* po = bf.panels + nb * H * 2 * W;
     const S* zbuf = bf.extra[0];
     const S* ubuf = bf.extra[1];
     const Activation act_o = p.gate_act[2];
@@ -433,7 +528,7 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      block_product<1>(ubuf, H, N, H, po + b * H * W, blk);
+      panel_product<1>(a, bf, nb * H * 2 * W + b * H * W, ubuf, H, N, H, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * W;
         const S* xr = x + n * a.xp_ld + 2 * H + u0;

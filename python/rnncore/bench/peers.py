@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import ml_dtypes  # noqa: F401 (registers bfloat16 with numpy: np.dtype("bfloat16"))
 import numpy as np
 
 from .. import convert
@@ -22,7 +23,7 @@ from .._ops import KINDS, rel_err
 from .numpy_loop import NumpyLayer
 
 MODES = ("inference", "training")
-SHORT_DTYPE = {"float32": "", "float16": "-f16", "float64": "-f64"}
+SHORT_DTYPE = {"float32": "", "float16": "-f16", "float64": "-f64", "bfloat16": "-bf16"}
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,16 @@ CONFIGS = [
     Config("lstm", 100, 32, 256, bidirectional=True),
     Config("gru", 100, 32, 256, dtype="float64"),
     Config("rnn", 100, 32, 256),
-    # float16 is computed on Metal only (docs/api.md): skipped on the CPU.
+    # float16 storage (float32 arithmetic) on every device; peers that lack it are skipped.
     Config("gru", 100, 32, 256, dtype="float16"),
     Config("lstm", 100, 32, 256, dtype="float16"),
+    Config("gru", 100, 1, 256, dtype="float16"),
+    Config("lstm", 100, 1, 256, dtype="float16"),
+    # bfloat16 storage on the CPU; PyTorch's bfloat16 layers (oneDNN) are the peer.
+    Config("gru", 100, 1, 256, dtype="bfloat16"),
+    Config("lstm", 100, 1, 256, dtype="bfloat16"),
+    Config("gru", 100, 32, 256, dtype="bfloat16"),
+    Config("lstm", 100, 32, 256, dtype="bfloat16"),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 # What --quick runs unless configurations are named.
@@ -222,6 +230,19 @@ class RnncoreImpl:
         return Prepared(run, result)
 
 
+def _tensor(torch, a):
+    """A torch tensor of numpy array a (ml_dtypes.bfloat16 through its bits)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _array(t):
+    """A numpy array of tensor t (bfloat16 widened to float32: numpy has no bfloat16)."""
+    t = t.detach().cpu()
+    return (t.float() if str(t.dtype) == "torch.bfloat16" else t).numpy()
+
+
 class TorchImpl:
     """PyTorch's nn.RNN / nn.GRU / nn.LSTM; training is the forward and y.backward(dy)."""
 
@@ -246,7 +267,7 @@ class TorchImpl:
         cls = {"rnn": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[c.kind]
         dtype = dtype or getattr(torch, c.dtype)
         module = cls(c.I, c.H, bidirectional=c.bidirectional, dtype=dtype)
-        state = {k: torch.from_numpy(v).to(dtype) for k, v in problem.torch_state_dict().items()}
+        state = {k: _tensor(torch, v).to(dtype) for k, v in problem.torch_state_dict().items()}
         module.load_state_dict(state)
         return module.to(self.device)
 
@@ -254,8 +275,8 @@ class TorchImpl:
         torch, c = self.torch, problem.config
         module = self.module(problem, dtype)
         dtype = dtype or getattr(torch, c.dtype)
-        x = torch.from_numpy(problem.x).to(self.device, dtype)
-        numpy = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        x = _tensor(torch, problem.x).to(self.device, dtype)
+        numpy = _array
         if mode == "inference":
             module.eval()
 
@@ -267,7 +288,7 @@ class TorchImpl:
 
         module.train()
         x.requires_grad_(True)
-        dy = torch.from_numpy(problem.dy).to(self.device, dtype)
+        dy = _tensor(torch, problem.dy).to(self.device, dtype)
         params = dict(module.named_parameters())
 
         def run():

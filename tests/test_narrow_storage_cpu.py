@@ -1,0 +1,158 @@
+"""float16 and bfloat16 storage on the CPU: every 16-bit array is widened to float32, the
+float32 op runs (the fused forward reading R's 16-bit panels directly where the processor
+converts), and the outputs are rounded once. So every output is bit-identical to the float32
+op on the widened inputs, narrowed; with every option, forward and gradients, and on every
+instruction-set variant of the fused kernels. (Accuracy against the float64 reference is in
+the forward and gradient suites, which run both types.) bfloat16 arrays come as numpy arrays
+of ml_dtypes.bfloat16 or as torch tensors (DLPack), and results are ml_dtypes.bfloat16."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import rnncore
+
+NARROW = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+
+G = {"single_gate_rnn": 1, "lstm": 4, "gru": 3}
+
+
+def inputs(op, rng, T, N, I, H, D, dtype=np.float16):  # noqa: E741
+    g = G[op]
+    a = {
+        "source": rng.standard_normal((T, N, I)),
+        "recurrent_weight": rng.standard_normal((D, g * H, H)) * 0.3,
+        "input_weight": rng.standard_normal((D * g * H, I)) * 0.5,
+        "bias": rng.standard_normal(D * g * H),
+        "init_state": rng.standard_normal((N, D * H)),
+        "mask": (rng.random((N, D * H)) > 0.3) * 1.0,
+    }
+    if op == "lstm":
+        a["init_cell"] = rng.standard_normal((N, D * H))
+        a["peephole"] = rng.standard_normal((D, 4 * H))
+    if op == "gru":
+        a["secondary_bias"] = rng.standard_normal(D * H)
+    if D == 1:  # unidirectional: no direction axis
+        a["recurrent_weight"] = a["recurrent_weight"][0]
+        if "peephole" in a:
+            a["peephole"] = a["peephole"][0]
+    return {k: v.astype(dtype) for k, v in a.items()}
+
+
+DESCRIPTORS = {
+    "single_gate_rnn": dict(),
+    "lstm": dict(produce_cell=True),
+    "gru": dict(),
+    "gru_reset_after": dict(reset_after=True, flip_z=True),
+}
+
+
+def descriptor(name, bidirectional):
+    op = "gru" if name.startswith("gru") else name
+    cls = {"single_gate_rnn": rnncore.RNNDescriptor, "lstm": rnncore.LSTMDescriptor,
+           "gru": rnncore.GRUDescriptor}[op]  # fmt: skip
+    return op, cls(bidirectional=bidirectional, training=True, **DESCRIPTORS[name])
+
+
+def forward(op, desc, args):
+    out = getattr(rnncore, op)(**args, descriptor=desc, device="cpu")
+    return [a for a in out if a is not None]
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=str)
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtype):
+    op, desc = descriptor(name, bidirectional)
+    D = 2 if bidirectional else 1  # noqa: N806
+    for T, N, I, H in [(1, 1, 1, 1), (5, 3, 4, 33), (4, 1, 7, 31), (3, 9, 2, 40)]:  # noqa: E741
+        half = inputs(op, np.random.default_rng(T + N + H), T, N, I, H, D, dtype)
+        got = forward(op, desc, half)
+        want = forward(op, desc, {k: v.astype(np.float32) for k, v in half.items()})
+        assert len(got) == len(want) >= 2
+        for a, b in zip(got, want):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(
+                a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=f"{T, N, I, H}"
+            )
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+def test_every_fused_kernel_variant(isa):
+    """The same on the other instruction-set variants (chosen once per process, so in a
+    fresh one): AVX2 reads float16 panels through F16C, the generic variant float32 ones."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RNNCORE_ISA=isa)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "rounded_once"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    probe = subprocess.run(
+        [sys.executable, "-c", "import rnncore; print(rnncore.build_info()['kernels'])"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert probe.stdout.strip() in (isa, "generic")  # a CPU without the set runs generic
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=str)
+def test_gradients_are_the_float32_gradients_rounded_once(dtype):
+    """The gradient op on 16-bit arrays: the float32 gradient op on the widened arrays, each
+    output rounded once."""
+    rng = np.random.default_rng(3)
+    for name in sorted(DESCRIPTORS):
+        op, desc = descriptor(name, True)
+        half = inputs(op, rng, 6, 3, 5, 17, 2, dtype)
+        fwd = getattr(rnncore, op)(**half, descriptor=desc, device="cpu")
+        g = dict(half, z_state=fwd.z_state)
+        g["source_gradient"] = rng.standard_normal(fwd.state.shape).astype(dtype)
+        if op == "gru":
+            g["output_fwd"] = fwd.state
+        if op == "lstm":
+            g["cell_output_fwd"] = fwd.cell
+        got = getattr(rnncore, op + "_gradients")(**g, descriptor=desc, device="cpu")
+        wide = {k: v.astype(np.float32) for k, v in g.items()}
+        want = getattr(rnncore, op + "_gradients")(**wide, descriptor=desc, device="cpu")
+        for a, b in zip(got, want):
+            if a is not None:
+                assert a.dtype == dtype
+                np.testing.assert_array_equal(
+                    a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=name
+                )
+
+
+def test_bfloat16_torch_tensors_and_strided_views():
+    """bfloat16 from torch (DLPack) and a strided numpy view: the same result as the C-order
+    numpy array; the result is an ml_dtypes.bfloat16 numpy array."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    a = inputs("gru", rng, 4, 3, 5, 8, 1, ml_dtypes.bfloat16)
+    want = rnncore.gru(**a).state
+    assert want.dtype == ml_dtypes.bfloat16
+    t = {k: torch.from_numpy(v.view(np.int16).copy()).view(torch.bfloat16)
+         for k, v in a.items()}  # fmt: skip
+    got = rnncore.gru(**t).state
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    wide = np.zeros((4, 3, 10), ml_dtypes.bfloat16)
+    wide[:, :, ::2] = a["source"]
+    got = rnncore.gru(**dict(a, source=wide[:, :, ::2])).state
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_bfloat16_off_the_cpu_is_refused_by_name():
+    if "metal-emulated" not in rnncore.devices():
+        pytest.skip("no Metal device in this build")
+    a = inputs("gru", np.random.default_rng(5), 2, 1, 3, 4, 1, ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match=r"\[gru\] device 'metal-emulated' .*not bfloat16"):
+        rnncore.gru(**a, device="metal-emulated")
+
+
+def test_mixed_storage_types_are_refused():
+    a = inputs("gru", np.random.default_rng(6), 2, 1, 3, 4, 1, ml_dtypes.bfloat16)
+    a["recurrent_weight"] = a["recurrent_weight"].astype(np.float16)
+    with pytest.raises(TypeError, match="recurrent_weight"):
+        rnncore.gru(**a)
