@@ -351,7 +351,7 @@ class OnnxRuntimeImpl:
         if mode != "inference":
             raise NotSupported("ONNX Runtime has no training for these operators")
         ort, c = self.ort, problem.config
-        if c.dtype == "float16":
+        if c.dtype not in ("float32", "float64"):
             raise NotSupported("benchmarked in float32 and float64 only")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or 0  # 0: its own default
@@ -508,7 +508,7 @@ class NumpyImpl:
 
     def prepare(self, problem, mode, threads=None):
         c = problem.config
-        if c.dtype == "float16":
+        if c.dtype not in ("float32", "float64"):
             raise NotSupported("benchmarked in float32 and float64 only")
         layer = NumpyLayer(c, problem.rnncore_weights())
         x, dy = problem.x, problem.dy
