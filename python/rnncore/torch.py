@@ -19,6 +19,7 @@ default; tensors stay on torch's CPU device either way).
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
@@ -29,15 +30,28 @@ from rnncore.nn import layer_forward, layer_gradients
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
+# float16 and bfloat16 are storage types on the CPU (float32 arithmetic).
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 
 def _numpy(t):
     # A strided view, not torch.contiguous(): rnncore copies it on its own thread, where a torch
     # copy would wake OpenMP threads that then spin beside rnncore's pool.
-    return None if t is None else t.detach().numpy()
+    if t is None:
+        return None
+    t = t.detach()
+    if t.dtype == torch.bfloat16:  # numpy's is ml_dtypes': the same bits, viewed
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def _tensor(a):
-    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _run(spec, x, h0, c0, params, training):
@@ -178,10 +192,10 @@ class _Module:
                 f"(L, {self.input_size}) but has {tuple(input.shape)}"
             )
         dtype = self.weight_ih_l0.dtype
-        if input.dtype != dtype or dtype not in (torch.float32, torch.float64):
+        if input.dtype != dtype or dtype not in _DTYPES:
             raise TypeError(
                 f"[{name}] input has dtype {input.dtype} and the parameters {dtype}; "
-                "both must be float32 or float64"
+                "both must be float32, float64, float16 or bfloat16"
             )
         unbatched = input.dim() == 2
         x = (
