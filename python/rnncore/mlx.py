@@ -10,13 +10,15 @@ MLX's optimizers work without a second forward.
     layer = rnncore.mlx.GRU(16, 32)
     loss_and_grad = mlx.nn.value_and_grad(layer, lambda x: layer(x).sum())
 
-Arrays are float32 (rnncore's CPU backend computes them; on an Apple GPU build, pass
-``rnncore_device="metal"``). Under ``mx.compile`` the layer refuses with a clear error:
+Arrays are float32, or float16 or bfloat16 (storage types: float32 arithmetic; bfloat16
+on the CPU only) — rnncore's CPU backend computes them; on an Apple GPU build, pass
+``rnncore_device="metal"``. Under ``mx.compile`` the layer refuses with a clear error:
 rnncore runs outside MLX's graph, on evaluated arrays.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import mlx.core as mx
 import mlx.nn
 import numpy as np
@@ -30,12 +32,23 @@ from ._ops import KINDS
 __all__ = ["GRU", "LSTM", "RNN"]
 
 
+def _mx(a):
+    """An MLX array of rnncore's result a (ml_dtypes.bfloat16 through its bits)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return mx.array(a.view(np.uint16)).view(mx.bfloat16)
+    return mx.array(a)
+
+
 def _numpy(a, label):
     if a is None:
         return None
-    if a.dtype != mx.float32:
-        raise TypeError(f"[{label}] arrays must be float32 but one has dtype {a.dtype}")
+    if a.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        raise TypeError(
+            f"[{label}] arrays must be float32, float16 or bfloat16 but one has dtype {a.dtype}"
+        )
     try:
+        if a.dtype == mx.bfloat16:  # no buffer format for it: its bits, viewed
+            return np.array(a.view(mx.uint16), copy=False).view(ml_dtypes.bfloat16)
         return np.array(a, copy=False)
     except ValueError as e:  # an array being traced (mx.compile) has no value yet
         raise RuntimeError(
@@ -83,7 +96,7 @@ class _Layer:
             return np.ascontiguousarray(a[:, None, :] if unbatched else a.transpose(1, 0, 2))
 
         def from_time_major(a):
-            return mx.array(a[:, 0, :] if unbatched else a.transpose(1, 0, 2))
+            return _mx(a[:, 0, :] if unbatched else a.transpose(1, 0, 2))
 
         def arrays(values):
             v = {n: _numpy(a, label) for n, a in zip(names, values)}
@@ -105,7 +118,7 @@ class _Layer:
             result = [from_time_major(out.state)]
             if kind == "lstm":
                 result.append(from_time_major(out.cell))
-            return (*result, mx.array(out.z_state))
+            return (*result, _mx(out.z_state))
 
         @f.vjp
         def f_vjp(primals, cotangents, outputs):
@@ -127,14 +140,14 @@ class _Layer:
                 "x": from_time_major(g.source),
                 "hidden": None
                 if g.init_state is None
-                else mx.array(g.init_state[0] if unbatched else g.init_state),
+                else _mx(g.init_state[0] if unbatched else g.init_state),
                 "cell": None,
             }
             if kind == "lstm" and g.init_cell is not None:
-                by_name["cell"] = mx.array(g.init_cell[0] if unbatched else g.init_cell)
+                by_name["cell"] = _mx(g.init_cell[0] if unbatched else g.init_cell)
             for n in self._names:
                 role = roles[n]
-                by_name[n] = None if getattr(g, role, None) is None else mx.array(getattr(g, role))
+                by_name[n] = None if getattr(g, role, None) is None else _mx(getattr(g, role))
             return tuple(by_name[n] for n in names)
 
         out = f(*[present[n] for n in names])
