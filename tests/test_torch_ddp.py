@@ -49,6 +49,10 @@ def worker(rank, port, path):
         train(model, xs[:, half], ys[:, half])
         if rank == 0:
             torch.save(model.module.state_dict(), path)
+        # Both ranks done with every collective before either tears gloo down (a rank that
+        # destroys its group while the peer's gloo threads still talk to it can abort).
+        del model
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
