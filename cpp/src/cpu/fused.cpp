@@ -56,9 +56,16 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   // 64k multiply-adds a step or more each, so that claiming one (~0.1 us) is cheap beside
   // its work, and at most 64 per direction.
   const int64_t panel_macs = std::max<int64_t>(1, p.N * p.G * p.H * k.width);
-  const int64_t per_chunk =
-      std::max((int64_t(65536) + panel_macs - 1) / panel_macs, (nb + 63) / 64);
-  const int64_t C = (nb + per_chunk - 1) / per_chunk;  // chunks per direction
+  int64_t per_chunk = std::max((int64_t(65536) + panel_macs - 1) / panel_macs, (nb + 63) / 64);
+  int64_t C = (nb + per_chunk - 1) / per_chunk;  // chunks per direction
+  const int64_t threads = pool.max_threads();
+  if (C > 1 && p.D * C < 8 * threads && p.D * C % threads != 0) {
+    // Few chunks that do not divide among the threads (3 on 2 threads: one waits a third of
+    // every step): as many more as make them divide, when the panels allow.
+    const int64_t want = ((p.D * C + threads - 1) / threads * threads + p.D - 1) / p.D;
+    per_chunk = (nb + std::min(want, nb) - 1) / std::min(want, nb);
+    C = (nb + per_chunk - 1) / per_chunk;
+  }
   const int phases = k.phases(p);
   const int64_t stages = 1 + p.T * phases;  // packing, then every phase of every step
 

@@ -178,14 +178,23 @@ struct Fused {  // S: the scalar type
   template <int G, class P>
   static void pack_panels(const P* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
                           P* Bp) {
+    // By blocks of W×KB: the W rows' blocks stay in L1 while the panel's lines are written
+    // (a whole row per unit would write a line per k, every row).
+    constexpr int64_t KB = 16;
     for (int64_t b = b0; b < b1; ++b) {
       P* panel = Bp + b * H * G * W;
-      for (int g = 0; g < G; ++g)
-        for (int w = 0; w < W; ++w) {
-          const int64_t u = b * W + w;
-          const P* row = u < H ? R + (gates[g] * H + u) * H : nullptr;
-          for (int64_t k = 0; k < H; ++k) panel[(k * G + g) * W + w] = row ? row[k] : P{};
+      const int64_t wv = std::min<int64_t>(W, H - b * W);
+      for (int64_t k0 = 0; k0 < H; k0 += KB) {
+        const int64_t kb = std::min(KB, H - k0);
+        for (int g = 0; g < G; ++g) {
+          const P* rows = R + (gates[g] * H + b * W) * H + k0;
+          for (int64_t k = 0; k < kb; ++k) {
+            P* out = panel + ((k0 + k) * G + g) * W;
+            for (int64_t w = 0; w < wv; ++w) out[w] = rows[w * H + k];
+            for (int64_t w = wv; w < W; ++w) out[w] = P{};
+          }
         }
+      }
     }
   }
 
