@@ -13,6 +13,7 @@ VARIANTS = [
     {"RNNCORE_ISA": "generic"},
     {"RNNCORE_ISA": "avx2"},
     {"RNNCORE_ISA": "avx512"},
+    {"RNNCORE_ISA": "avx512bf16"},
     {"RNNCORE_CPU_PATH": "blas"},
     {"RNNCORE_NUM_THREADS": "1"},
     {"RNNCORE_NUM_THREADS": "3"},

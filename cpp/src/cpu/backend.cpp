@@ -272,17 +272,21 @@ void direction_inputs(const Problem& p, const detail::ForwardArrays& in, const v
 // The contract's wrapper ("How every forward operation is built"): project + bias,
 // broadcast the mask, then per direction the core recurrence with its time flips, writing
 // straight into the concatenated outputs.
-// r16: the caller's 16-bit R (float16 or bfloat16 storage), for the fused forward's panels.
+// r16: the caller's 16-bit R (float16 or bfloat16 storage), for the fused forward's panels;
+// projected: x' already computed (the bfloat16 projection by vdpbf16ps), or null.
 struct NarrowR {
   const uint16_t* bits = nullptr;
   DType dtype = DType::Float32;
+  const void* projected = nullptr;
 };
 
 void forward_op(const Problem& p, const detail::ForwardArrays& in, NarrowR r16 = {}) {
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
   const void* xp = in.source;
   Tensor xbuf;
-  if (p.has_input_weight || p.has_bias) {
+  if (r16.projected) {
+    xp = r16.projected;
+  } else if (p.has_input_weight || p.has_bias) {
     xbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
     project(p, in.source, in.input_weight, in.bias, xbuf.data());
     xp = xbuf.data();
@@ -421,12 +425,15 @@ struct Sizes {
         b2(p.dh()) {}
 };
 
-detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays& a, Widened& w) {
+// skip_R: the fused forward reads R in 16 bits; skip_projection: x' is computed from the
+// 16-bit source and input weight. Arrays skipped stay null.
+detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays& a, Widened& w,
+                                   bool skip_R = false, bool skip_projection = false) {
   const Sizes n(p);
   detail::ForwardArrays f = a;
-  f.source = w.in(a.source, n.source);
-  f.input_weight = w.in(a.input_weight, n.W);
-  f.recurrent_weight = w.in(a.recurrent_weight, n.R);
+  f.source = skip_projection ? nullptr : w.in(a.source, n.source);
+  f.input_weight = skip_projection ? nullptr : w.in(a.input_weight, n.W);
+  f.recurrent_weight = skip_R ? nullptr : w.in(a.recurrent_weight, n.R);
   f.bias = w.in(a.bias, n.bias);
   f.init_state = w.in(a.init_state, n.nh);
   f.init_cell = w.in(a.init_cell, n.nh);
@@ -436,16 +443,58 @@ detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays
   return f;
 }
 
+// x' = source · Wᵀ + bias of bfloat16 storage by vdpbf16ps: the products of two bfloat16
+// are exact in float32 and the sums float32, as in the float32 GEMM on the widened arrays
+// (bias: widened).
+Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const void* bias) {
+  const FusedOps<float>& k = fused_kernels().f32;
+  const int64_t M = p.T * p.N, K = p.I, K2 = (K + 1) / 2, n = p.D * p.gh(), W = k.width;
+  const int64_t nb = (n + W - 1) / W;
+  Tensor out = Tensor::empty({p.T, p.N, n}, DType::Float32);
+  const uint16_t* x = static_cast<const uint16_t*>(a.source);
+  std::vector<uint16_t> padded;  // an odd K: rows padded with a zero to whole pairs
+  if (K % 2) {
+    padded.assign(static_cast<size_t>(M * K2 * 2), 0);
+    for (int64_t r = 0; r < M; ++r)
+      std::memcpy(padded.data() + r * K2 * 2, x + r * K, static_cast<size_t>(K) * 2);
+    x = padded.data();
+  }
+  std::vector<uint16_t> packed(static_cast<size_t>(nb * K2 * 2 * W));
+  ThreadPool& pool = ThreadPool::instance();
+  const uint16_t* Wb = static_cast<const uint16_t*>(a.input_weight);
+  pool.parallel_for(nb, [&](int64_t b) { k.pack_pairs_rows(Wb, n, K, packed.data(), b, b + 1); });
+  // Tiles of 64 rows and 16 panels: a tile's rows stay in L1 across its panels.
+  constexpr int64_t RB = 64, CB = 16;
+  const int64_t rb = (M + RB - 1) / RB, cb = (nb + CB - 1) / CB;
+  float* C = out.ptr<float>();
+  const float* bf = static_cast<const float*>(bias);
+  pool.parallel_for(rb * cb, [&](int64_t t) {
+    const int64_t r0 = t / cb * RB, b0 = t % cb * CB, m = std::min(RB, M - r0);
+    std::vector<float> scratch(static_cast<size_t>(RB * W));
+    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.data(), n, b0, std::min(nb, b0 + CB), bf,
+                 C + r0 * n, n, scratch.data());
+  });
+  return out;
+}
+
 void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   Problem q = p;
   q.dtype = DType::Float32;
   const Sizes n(p);
   Widened w(p.dtype);
-  detail::ForwardArrays f = widen_inputs(p, a, w);
+  const FusedOps<float>& k = fused_kernels().f32;
+  const bool fused = !blas_path_forced();
+  const bool pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && p.has_input_weight &&
+                     p.I > 0 && p.T * p.N > 0;
+  detail::ForwardArrays f = widen_inputs(p, a, w, fused && k.narrow_panels, pairs);
+  Tensor projected;
+  if (pairs) projected = project_pairs(p, a, f.bias);
   f.state = w.out(a.state, n.seq);
   f.cell = w.out(a.cell, n.seq);
   f.z_state = w.out(a.z_state, n.z);
-  forward_op(q, f, {static_cast<const uint16_t*>(a.recurrent_weight), p.dtype});
+  forward_op(q, f,
+             {static_cast<const uint16_t*>(a.recurrent_weight), p.dtype,
+              pairs ? projected.data() : nullptr});
   w.finish();
 }
 

@@ -17,12 +17,14 @@ FusedKernels fused_kernels_generic();
 #if defined(RNNCORE_X86_KERNELS)
 FusedKernels fused_kernels_avx2();
 FusedKernels fused_kernels_avx512();
+FusedKernels fused_kernels_avx512bf16();
 #endif
 
 namespace {
 
 FusedKernels select() {
-  // RNNCORE_ISA=generic|avx2|avx512 forces a variant (for tests); never one the CPU lacks.
+  // RNNCORE_ISA=generic|avx2|avx512|avx512bf16 forces a variant (for tests); never one the
+  // CPU lacks (a forced variant the CPU lacks falls back to the best it has below it).
   const char* forced = std::getenv("RNNCORE_ISA");
   const std::string want = forced ? forced : "";
 #if defined(RNNCORE_X86_KERNELS)
@@ -30,8 +32,12 @@ FusedKernels select() {
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx512 && (want.empty() || want == "avx512")) return fused_kernels_avx512();
-  if (avx2 && (want.empty() || want == "avx512" || want == "avx2")) return fused_kernels_avx2();
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  if (bf16 && (want.empty() || want == "avx512bf16")) return fused_kernels_avx512bf16();
+  if (avx512 && (want.empty() || want == "avx512bf16" || want == "avx512"))
+    return fused_kernels_avx512();
+  if (avx2 && (want.empty() || want == "avx512bf16" || want == "avx512" || want == "avx2"))
+    return fused_kernels_avx2();
 #endif
   return fused_kernels_generic();
 }

@@ -14,8 +14,17 @@ namespace {
 template <class T, int W>
 FusedOps<T> ops() {
   using F = Fused<T, W>;
-  return {W,         &F::pack,      &F::step,         &F::phases,
-          &F::block, &F::workspace, &F::pack_columns, &F::matmul};
+  return {W,
+          &F::pack,
+          &F::step,
+          &F::phases,
+          &F::block,
+          &F::workspace,
+          &F::pack_columns,
+          &F::matmul,
+          F::kDotBf16 ? &F::pack_pairs_rows : nullptr,
+          F::kDotBf16 ? &F::gemm_pairs : nullptr,
+          F::kHalfPanels};
 }
 
 }  // namespace

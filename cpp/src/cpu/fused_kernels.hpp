@@ -30,6 +30,12 @@
 #else
 #define RNNCORE_FUSED_HALF_PANELS 0
 #endif
+// AVX-512 BF16: the bfloat16 product by vdpbf16ps (the avx512bf16 variant).
+#if defined(__AVX512BF16__) && RNNCORE_FUSED_HALF_PANELS
+#define RNNCORE_FUSED_DOT_BF16 1
+#else
+#define RNNCORE_FUSED_DOT_BF16 0
+#endif
 
 namespace rnncore::cpu {
 // A bfloat16 element of R's panels (its bits), told apart from a float16 one (uint16_t).
@@ -104,6 +110,114 @@ struct Fused {  // S: the scalar type
     return r;
   }
   static_assert(rows<1>() == kProductRows, "matmul's row tile is kProductRows");
+
+  // AVX-512 BF16: bfloat16 panels hold pairs of k ([k/2][g][w][2]), so that one vdpbf16ps
+  // does 32 multiply-adds (a product of two bfloat16 is exact in float32; the sums are
+  // float32). The input projection multiplies bfloat16 arrays as they are. In the steps h̃ is
+  // float32: inference rounds it to bfloat16 for the product (as PyTorch's bfloat16 layers
+  // store it); a training forward splits it into hi = bf16(h̃) and lo = bf16(h̃ - hi), whose
+  // sum carries 16 of h̃'s 24 bits, since the gradients computed from the training state are
+  // more sensitive (a ReLU LSTM's input-weight gradient moved past the storage type's
+  // tolerance): two vdpbf16ps per pair of k, still fewer instructions than the widened
+  // panels' two FMAs and four conversions.
+  static constexpr bool kDotBf16 = RNNCORE_FUSED_DOT_BF16 && kHalfPanels && W == 16;
+  // Two bfloat16, the lower k low (2-byte aligned: a caller's bfloat16 rows read in place).
+  typedef uint32_t Pair __attribute__((may_alias, aligned(2)));
+
+#if RNNCORE_FUSED_DOT_BF16
+  // Split: A's rows are hi pairs, and lo_off pairs on, the lo pairs.
+  template <int G, int M, bool Split>
+  static void tile_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t K2, const Pair* Bp,
+                       S* out, bool accumulate) {
+    constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
+    __m512 acc[U][M][G];
+    for (int u = 0; u < U; ++u)
+      for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g)
+          acc[u][r][g] =
+              u == 0 && accumulate ? _mm512_loadu_ps(out + (r * G + g) * W) : _mm512_setzero_ps();
+    auto kstep = [&](int u, int64_t k) {
+      __m512bh b[G];
+      for (int g = 0; g < G; ++g)
+        b[g] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Bp + (k * G + g) * W));
+      for (int r = 0; r < M; ++r) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(A[r * lda + k]));
+        for (int g = 0; g < G; ++g) acc[u][r][g] = _mm512_dpbf16_ps(acc[u][r][g], a, b[g]);
+        if constexpr (Split) {
+          const __m512bh lo =
+              (__m512bh)_mm512_set1_epi32(static_cast<int>(A[lo_off + r * lda + k]));
+          for (int g = 0; g < G; ++g) acc[u][r][g] = _mm512_dpbf16_ps(acc[u][r][g], lo, b[g]);
+        }
+      }
+    };
+    int64_t k = 0;
+    for (; k + U <= K2; k += U)
+      for (int u = 0; u < U; ++u) kstep(u, k + u);
+    for (; k < K2; ++k) kstep(0, k);
+    for (int r = 0; r < M; ++r)
+      for (int g = 0; g < G; ++g) {
+        __m512 sum = acc[0][r][g];
+        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][r][g]);
+        _mm512_storeu_ps(out + (r * G + g) * W, sum);
+      }
+  }
+
+  template <int G, bool Split, int M = rows<G>()>
+  static void tile_rows_dot(int m, const Pair* A, int64_t lda, int64_t lo_off, int64_t K2,
+                            const Pair* Bp, S* out, bool accumulate) {
+    if constexpr (M > 1) {
+      if (m < M) return tile_rows_dot<G, Split, M - 1>(m, A, lda, lo_off, K2, Bp, out, accumulate);
+    }
+    tile_dot<G, M, Split>(A, lda, lo_off, K2, Bp, out, accumulate);
+  }
+
+  // block_product on pairs: K2 pairs of k, the panel's chunks kept in L1 as there.
+  template <int G, bool Split>
+  static void block_product_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t N, int64_t K2,
+                                const Pair* panel, S* out) {
+    constexpr int M = rows<G>();
+    constexpr int64_t KC = std::max<int64_t>(8, 24576 / (G * W * 4));
+    for (int64_t k0 = 0; k0 < K2; k0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K2 - k0);
+      for (int64_t n0 = 0; n0 < N; n0 += M) {
+        const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
+        tile_rows_dot<G, Split>(m, A + n0 * lda + k0, lda, lo_off, kc, panel + k0 * G * W,
+                                out + n0 * G * W, k0 > 0);
+      }
+    }
+  }
+
+  // Rows [0, N) of A (K elements each) as bfloat16 pairs (rounded to nearest even by the
+  // instruction, an odd K padded with zero), row n's at out + n * ldo; with split, also the
+  // pairs of the remainders (lo) N rows on.
+  static void to_pairs(const S* A, int64_t lda, int64_t N, int64_t K, Pair* out, int64_t ldo,
+                       bool split) {
+    const auto mask = [](int64_t c) {
+      return __mmask16(c >= 16 ? 0xFFFF : c <= 0 ? 0 : (1u << c) - 1);
+    };
+    // The float32 values of 16 bfloat16 (bits in 16-bit lanes).
+    const auto widen = [](__m256i v) {
+      return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+          __mmask16(0xFFFF), _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), v), 16));
+    };
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; k += 32) {
+        const int64_t left = K - k;
+        const __m512 a0 = _mm512_maskz_loadu_ps(mask(left), A + n * lda + k);
+        const __m512 a1 = _mm512_maskz_loadu_ps(mask(left - 16), A + n * lda + k + 16);
+        const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(a1, a0);
+        const __mmask16 m = mask((left + 1) / 2);
+        _mm512_mask_storeu_epi32(static_cast<void*>(out + n * ldo + k / 2), m, hi);
+        if (!split) continue;
+        const __m512 r0 =
+            _mm512_sub_ps(a0, widen(_mm512_maskz_extracti64x4_epi64(__mmask8(0xF), hi, 0)));
+        const __m512 r1 =
+            _mm512_sub_ps(a1, widen(_mm512_maskz_extracti64x4_epi64(__mmask8(0xF), hi, 1)));
+        const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
+        _mm512_mask_storeu_epi32(static_cast<void*>(out + (N + n) * ldo + k / 2), m, lo);
+      }
+  }
+#endif
 
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
@@ -204,7 +318,10 @@ struct Fused {  // S: the scalar type
     return nb * p.H * p.G * W + 5 * NH + 64;
   }
   // Scratch of one participant: the products of one panel for every row.
-  static int64_t block(const Problem& p) { return p.N * p.G * W; }
+  // On the vdpbf16ps path also h̃'s bfloat16 pairs.
+  static int64_t block(const Problem& p) {
+    return p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) : 0);
+  }
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
   // every unit.
   static int phases(const Problem& p) {
@@ -233,11 +350,55 @@ struct Fused {  // S: the scalar type
 
   // Whether direction a's panels are 16-bit (narrow storage and an ISA that converts).
   static bool half_panels(const Dir& a) { return kHalfPanels && a.R_narrow != nullptr; }
+  // Whether direction a's panels are bfloat16 pairs for vdpbf16ps.
+  static bool dot_panels(const Dir& a) { return kDotBf16 && half_panels(a) && a.R_bfloat16; }
+  // A panel's extent along k (elements): the pairs' even count on the vdpbf16ps path.
+  static int64_t kext(const Problem& p, const Dir& a) {
+    return dot_panels(a) ? (p.H + 1) / 2 * 2 : p.H;
+  }
 
-  // block_product over the panel at element `offset` of the panels, in their type.
+  // The product's left operand: h̃ in float32 and, on the vdpbf16ps path, its bfloat16 pairs
+  // (in the scratch after the product's block).
+  struct Operand {
+    const S* data;
+    int64_t ld;
+    const Pair* pairs;
+    int64_t ld2;
+    bool split;  // pairs: hi rows, then lo rows (a training forward)
+  };
+  static Operand product_operand(const Problem& p, const Dir& a, const S* A, int64_t lda, S* blk) {
+    Operand o{A, lda, nullptr, 0, false};
+#if RNNCORE_FUSED_DOT_BF16
+    if (dot_panels(a)) {
+      Pair* pairs = reinterpret_cast<Pair*>(blk + p.N * p.G * W);
+      o.ld2 = (p.H + 1) / 2;
+      o.split = a.z != nullptr;
+      to_pairs(A, lda, p.N, p.H, pairs, o.ld2, o.split);
+      o.pairs = pairs;
+    }
+#else
+    (void)p, (void)a, (void)blk;
+#endif
+    return o;
+  }
+
+  // block_product of the rows [0, N) of A over the panel that starts `panel` gate-row sets of
+  // W units into the panels, in their type.
   template <int G>
-  static void panel_product(const Dir& a, const Buffers& bf, int64_t offset, const S* A,
-                            int64_t lda, int64_t N, int64_t K, S* out) {
+  static void panel_product(const Problem& p, const Dir& a, const Buffers& bf, int64_t panel,
+                            const Operand& op, int64_t N, S* out) {
+    const int64_t K = p.H, offset = panel * kext(p, a) * W;
+    const S* A = op.data;
+    const int64_t lda = op.ld;
+#if RNNCORE_FUSED_DOT_BF16
+    if (op.pairs) {
+      const Pair* B =
+          reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.panels) + offset);
+      if (op.split)
+        return block_product_dot<G, true>(op.pairs, op.ld2, N * op.ld2, N, (K + 1) / 2, B, out);
+      return block_product_dot<G, false>(op.pairs, op.ld2, 0, N, (K + 1) / 2, B, out);
+    }
+#endif
     if constexpr (kHalfPanels) {
       if (half_panels(a) && a.R_bfloat16)
         return block_product<G, BFloat16Elem>(
@@ -310,46 +471,85 @@ struct Fused {  // S: the scalar type
   static void pack(const Problem& p, const Dir& a, S* ws, int64_t b0, int64_t b1) {
     const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
+    const int64_t kx = kext(p, a);
+    if (dot_panels(a)) {
+      pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels), [&](const auto& gates, auto* out) {
+        pack_pairs(a.R_narrow, H, gates, b0, b1, out);
+      });
+      return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
+    }
     if constexpr (kHalfPanels) {
       if (half_panels(a)) {
         if (a.R_bfloat16)
-          pack_all(p, reinterpret_cast<const BFloat16Elem*>(a.R_narrow),
-                   reinterpret_cast<BFloat16Elem*>(bf.panels), b0, b1);
+          pack_sets(p, kx, reinterpret_cast<BFloat16Elem*>(bf.panels),
+                    [&](const auto& gates, auto* out) {
+                      pack_panels(reinterpret_cast<const BFloat16Elem*>(a.R_narrow), H, gates, b0,
+                                  b1, out);
+                    });
         else
-          pack_all(p, a.R_narrow, reinterpret_cast<uint16_t*>(bf.panels), b0, b1);
+          pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels),
+                    [&](const auto& gates, auto* out) {
+                      pack_panels(a.R_narrow, H, gates, b0, b1, out);
+                    });
         return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
       }
     }
-    pack_all(p, static_cast<const S*>(a.R), bf.panels, b0, b1);
+    pack_sets(p, kx, bf.panels, [&](const auto& gates, auto* out) {
+      pack_panels(static_cast<const S*>(a.R), H, gates, b0, b1, out);
+    });
     init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
   }
 
-  // The panels [b0, b1) of every gate set of the op, in R's element type P.
-  template <class P>
-  static void pack_all(const Problem& p, const P* R, P* panels, int64_t b0, int64_t b1) {
-    const int64_t H = p.H, nb = (H + W - 1) / W;
+  // Calls pack(gates, out) for every gate set of the op (its gate rows, and where its panels
+  // start; kx: a panel's extent along k).
+  template <class P, class Pack>
+  static void pack_sets(const Problem& p, int64_t kx, P* panels, Pack pack) {
+    const int64_t nb = (p.H + W - 1) / W;
     switch (p.op) {
       case detail::OpKind::Rnn: {
         static constexpr int gates[1] = {0};
-        pack_panels<1>(R, H, gates, b0, b1, panels);
+        pack(gates, panels);
         break;
       }
       case detail::OpKind::Lstm: {
         static constexpr int gates[4] = {0, 1, 2, 3};
-        pack_panels<4>(R, H, gates, b0, b1, panels);
+        pack(gates, panels);
         break;
       }
       case detail::OpKind::Gru:
         if (p.gru.reset_after) {
           static constexpr int gates[3] = {0, 1, 2};
-          pack_panels<3>(R, H, gates, b0, b1, panels);
+          pack(gates, panels);
         } else {
           static constexpr int zr_gates[2] = {0, 1};
           static constexpr int o_gates[1] = {2};
-          pack_panels<2>(R, H, zr_gates, b0, b1, panels);
-          pack_panels<1>(R, H, o_gates, b0, b1, panels + nb * H * 2 * W);
+          pack(zr_gates, panels);
+          pack(o_gates, panels + nb * kx * 2 * W);
         }
         break;
+    }
+  }
+
+  // pack_panels for vdpbf16ps: Bp[b][k/2][g][w][2] (bfloat16 bits), k padded to even.
+  template <int G>
+  static void pack_pairs(const uint16_t* R, int64_t H, const int (&gates)[G], int64_t b0,
+                         int64_t b1, uint16_t* Bp) {
+    const int64_t Kp = (H + 1) / 2 * 2;
+    for (int64_t b = b0; b < b1; ++b) {
+      uint16_t* panel = Bp + b * Kp * G * W;
+      const int64_t wv = std::min<int64_t>(W, H - b * W);
+      for (int64_t k0 = 0; k0 < Kp; k0 += 16)
+        for (int g = 0; g < G; ++g) {
+          const uint16_t* rows = R + (gates[g] * H + b * W) * H;
+          for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
+            uint16_t* out = panel + (k / 2 * G + g) * W * 2;
+            for (int64_t w = 0; w < wv; ++w) {
+              out[2 * w] = rows[w * H + k];
+              out[2 * w + 1] = k + 1 < H ? rows[w * H + k + 1] : uint16_t(0);
+            }
+            for (int64_t w = wv; w < W; ++w) out[2 * w] = out[2 * w + 1] = 0;
+          }
+        }
     }
   }
 
@@ -374,10 +574,11 @@ struct Fused {  // S: the scalar type
     constexpr int G = 1;
     const int64_t N = p.N, H = p.H;
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const Operand op = product_operand(p, a, A.data, A.ld, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
+      panel_product<G>(p, a, bf, b * G, op, N, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -409,6 +610,7 @@ struct Fused {  // S: the scalar type
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const Operand op = product_operand(p, a, A.data, A.ld, blk);
     // Named copies, not a structured binding: C++17 lambdas cannot capture those (Clang).
     const StepRows rows = step_rows(p, a, s);
     const S* const x = rows.x;
@@ -416,7 +618,7 @@ struct Fused {  // S: the scalar type
     S* const z = rows.z;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
+      panel_product<G>(p, a, bf, b * G, op, N, blk);
       // Full panels (all of them when W divides H) get loops of a constant length.
       auto row = [&](auto full, int64_t n) {
         const int64_t L = decltype(full)::value ? int64_t(W) : wv;
@@ -465,10 +667,11 @@ struct Fused {  // S: the scalar type
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const Operand op = product_operand(p, a, A.data, A.ld, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      panel_product<G>(a, bf, b * H * G * W, A.data, A.ld, N, H, blk);
+      panel_product<G>(p, a, bf, b * G, op, N, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -504,10 +707,11 @@ struct Fused {  // S: the scalar type
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
+    const Operand op = product_operand(p, a, A.data, A.ld, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      panel_product<2>(a, bf, b * H * 2 * W, A.data, A.ld, N, H, blk);
+      panel_product<2>(p, a, bf, b * 2, op, N, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * 2 * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -534,10 +738,11 @@ struct Fused {  // S: the scalar type
     const S* ubuf = bf.extra[1];
     const Activation act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s);
+    const Operand op = product_operand(p, a, ubuf, H, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
-      panel_product<1>(a, bf, nb * H * 2 * W + b * H * W, ubuf, H, N, H, blk);
+      panel_product<1>(p, a, bf, nb * 2 + b, op, N, blk);
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * W;
         const S* xr = x + n * a.xp_ld + 2 * H + u0;
@@ -548,6 +753,57 @@ struct Fused {  // S: the scalar type
         store_h(a, bf, y, n, u0, wv, v, s, H);
       }
     }
+  }
+
+  // ---- the input projection of bfloat16 storage by vdpbf16ps -----------------------
+  // Packs rows [b0*W, b1*W) of B [n, K] (bfloat16 bits) as column panels of pairs:
+  // out[b][k/2][w][2], K padded to even.
+  static void pack_pairs_rows(const uint16_t* B, int64_t n, int64_t K, uint16_t* out, int64_t b0,
+                              int64_t b1) {
+    const int64_t Kp = (K + 1) / 2 * 2;
+    for (int64_t b = b0; b < b1; ++b) {
+      uint16_t* panel = out + b * Kp * W;
+      const int64_t wv = std::min<int64_t>(W, n - b * W);
+      for (int64_t k0 = 0; k0 < Kp; k0 += 16)
+        for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
+          uint16_t* o = panel + k / 2 * W * 2;
+          for (int64_t w = 0; w < wv; ++w) {
+            const uint16_t* row = B + (b * W + w) * K;
+            o[2 * w] = row[k];
+            o[2 * w + 1] = k + 1 < K ? row[k + 1] : uint16_t(0);
+          }
+          for (int64_t w = wv; w < W; ++w) o[2 * w] = o[2 * w + 1] = 0;
+        }
+    }
+  }
+
+  // C[r, j] = sum_k A[r, k] B[j, k] (+ bias[j]) for rows [0, M) and the columns of panels
+  // [b0, b1) (packed by pack_pairs_rows); A's rows are bfloat16 pairs (K2 of them, lda2
+  // apart). scratch: M * W elements.
+  static void gemm_pairs(const void* A, int64_t lda2, int64_t M, int64_t K2, const uint16_t* packed,
+                         int64_t n, int64_t b0, int64_t b1, const S* bias, S* C, int64_t ldc,
+                         S* scratch) {
+#if RNNCORE_FUSED_DOT_BF16
+    if constexpr (kDotBf16) {
+      const Pair* Ap = static_cast<const Pair*>(A);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
+        block_product_dot<1, false>(
+            Ap, lda2, 0, M, K2, reinterpret_cast<const Pair*>(packed + b * K2 * 2 * W), scratch);
+        for (int64_t r = 0; r < M; ++r) {
+          S* c = C + r * ldc + j0;
+          const S* v = scratch + r * W;
+          if (bias)
+            for (int64_t w = 0; w < wv; ++w) c[w] = v[w] + bias[j0 + w];
+          else
+            for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
+        }
+      }
+      return;
+    }
+#endif
+    (void)A, (void)lda2, (void)M, (void)K2, (void)packed, (void)n, (void)b0, (void)b1, (void)bias;
+    (void)C, (void)ldc, (void)scratch;
   }
 
   // ---- general product with a packed right operand (the backward steps) --------------
