@@ -51,5 +51,8 @@ def test_stubs_are_shipped_and_describe_the_module():
 
 @pytest.mark.parametrize("script", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
 def test_example_runs(script):
+    for module in ("torch", "keras", "onnx", "onnxruntime"):
+        if f"import {module}" in script.read_text():
+            pytest.importorskip(module)
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
