@@ -153,6 +153,7 @@ NOT_FILES = {
     "b.metal",
     "extra.metal",
     "mx.metal",
+    "wheel.py",  # scikit-build-core's wheel.py-api setting
 }
 
 

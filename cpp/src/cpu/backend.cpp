@@ -448,8 +448,8 @@ detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays
 // (bias: widened).
 Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const void* bias) {
   const FusedOps<float>& k = fused_kernels().f32;
-  const int64_t M = p.T * p.N, K = p.I, K2 = (K + 1) / 2, n = p.D * p.gh(), W = k.width;
-  const int64_t nb = (n + W - 1) / W;
+  const int64_t M = p.T * p.N, K = p.I, K2 = (K + 1) / 2, n = p.D * p.gh();
+  const int64_t GW = k.pair_columns, nq = (n + GW - 1) / GW;  // groups of columns
   Tensor out = Tensor::empty({p.T, p.N, n}, DType::Float32);
   const uint16_t* x = static_cast<const uint16_t*>(a.source);
   std::vector<uint16_t> padded;  // an odd K: rows padded with a zero to whole pairs
@@ -459,19 +459,19 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
       std::memcpy(padded.data() + r * K2 * 2, x + r * K, static_cast<size_t>(K) * 2);
     x = padded.data();
   }
-  std::vector<uint16_t> packed(static_cast<size_t>(nb * K2 * 2 * W));
+  std::vector<uint16_t> packed(static_cast<size_t>(nq * K2 * 2 * GW));
   ThreadPool& pool = ThreadPool::instance();
   const uint16_t* Wb = static_cast<const uint16_t*>(a.input_weight);
-  pool.parallel_for(nb, [&](int64_t b) { k.pack_pairs_rows(Wb, n, K, packed.data(), b, b + 1); });
-  // Tiles of 64 rows and 16 panels: a tile's rows stay in L1 across its panels.
-  constexpr int64_t RB = 64, CB = 16;
-  const int64_t rb = (M + RB - 1) / RB, cb = (nb + CB - 1) / CB;
+  pool.parallel_for(nq, [&](int64_t q) { k.pack_pairs_rows(Wb, n, K, packed.data(), q, q + 1); });
+  // Tiles of 48 rows and 4 groups (256 columns): a tile's rows stay in L1 across its groups.
+  constexpr int64_t RB = 48, CB = 4;
+  const int64_t rb = (M + RB - 1) / RB, cb = (nq + CB - 1) / CB;
   float* C = out.ptr<float>();
   const float* bf = static_cast<const float*>(bias);
   pool.parallel_for(rb * cb, [&](int64_t t) {
-    const int64_t r0 = t / cb * RB, b0 = t % cb * CB, m = std::min(RB, M - r0);
-    std::vector<float> scratch(static_cast<size_t>(RB * W));
-    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.data(), n, b0, std::min(nb, b0 + CB), bf,
+    const int64_t r0 = t / cb * RB, q0 = t % cb * CB, m = std::min(RB, M - r0);
+    std::vector<float> scratch(static_cast<size_t>(RB * GW));
+    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.data(), n, q0, std::min(nq, q0 + CB), bf,
                  C + r0 * n, n, scratch.data());
   });
   return out;

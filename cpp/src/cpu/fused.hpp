@@ -36,16 +36,17 @@ struct FusedOps {
   // C[M, n] = A[M, K] B (or += when accumulate), B packed by pack_columns.
   void (*matmul)(const T* A, int64_t lda, int64_t M, int64_t K, const T* packed, int64_t n, T* C,
                  int64_t ldc, bool accumulate);
-  // The input projection of bfloat16 storage by vdpbf16ps (null without AVX-512 BF16):
-  // pack_pairs_rows packs panels [b0, b1) of W rows of B [n, K] (bfloat16 bits) as pairs of
-  // k; gemm_pairs computes C[r, j] = A[r, :] · B[j, :] (+ bias[j]) for rows [0, M) and the
-  // columns of panels [b0, b1), A's rows being K2 = ceil(K/2) bfloat16 pairs, lda2 pairs
-  // apart (scratch: M * width elements).
-  void (*pack_pairs_rows)(const uint16_t* B, int64_t n, int64_t K, uint16_t* out, int64_t b0,
-                          int64_t b1);
+  // The input projection of bfloat16 storage by vdpbf16ps (null without AVX-512 BF16), in
+  // groups of pair_columns columns: pack_pairs_rows packs groups [q0, q1) of B [n, K]
+  // (bfloat16 bits) as pairs of k; gemm_pairs computes C[r, j] = A[r, :] · B[j, :] (+ bias[j])
+  // for rows [0, M) and the columns of groups [q0, q1), A's rows being K2 = ceil(K/2)
+  // bfloat16 pairs, lda2 pairs apart (scratch: M * pair_columns elements).
+  void (*pack_pairs_rows)(const uint16_t* B, int64_t n, int64_t K, uint16_t* out, int64_t q0,
+                          int64_t q1);
   void (*gemm_pairs)(const void* A, int64_t lda2, int64_t M, int64_t K2, const uint16_t* packed,
-                     int64_t n, int64_t b0, int64_t b1, const T* bias, T* C, int64_t ldc,
+                     int64_t n, int64_t q0, int64_t q1, const T* bias, T* C, int64_t ldc,
                      T* scratch);
+  int pair_columns;
   // Whether the fused forward reads float16 / bfloat16 storage's R in 16 bits (then it
   // needs no float32 copy of R).
   bool narrow_panels;

@@ -24,6 +24,7 @@ FusedOps<T> ops() {
           &F::matmul,
           F::kDotBf16 ? &F::pack_pairs_rows : nullptr,
           F::kDotBf16 ? &F::gemm_pairs : nullptr,
+          F::kPairPanels * W,
           F::kHalfPanels};
 }
 

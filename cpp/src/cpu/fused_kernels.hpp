@@ -756,43 +756,52 @@ struct Fused {  // S: the scalar type
   }
 
   // ---- the input projection of bfloat16 storage by vdpbf16ps -----------------------
-  // Packs rows [b0*W, b1*W) of B [n, K] (bfloat16 bits) as column panels of pairs:
-  // out[b][k/2][w][2], K padded to even.
-  static void pack_pairs_rows(const uint16_t* B, int64_t n, int64_t K, uint16_t* out, int64_t b0,
-                              int64_t b1) {
+  // Columns of a group of the projection's packed B: 4 panels, so that its tile is the
+  // steps' 6 rows × 4 vectors (24 accumulators) rather than 8 rows × 1.
+  static constexpr int kPairPanels = 4;
+  // Packs groups [q0, q1) of B [n, K] (bfloat16 bits; a group is rows q·4W .. q·4W + 4W - 1)
+  // as pairs of k: out[q][k/2][g][w][2], K padded to even, rows past n zero.
+  static void pack_pairs_rows(const uint16_t* B, int64_t n, int64_t K, uint16_t* out, int64_t q0,
+                              int64_t q1) {
+    constexpr int G = kPairPanels;
     const int64_t Kp = (K + 1) / 2 * 2;
-    for (int64_t b = b0; b < b1; ++b) {
-      uint16_t* panel = out + b * Kp * W;
-      const int64_t wv = std::min<int64_t>(W, n - b * W);
+    for (int64_t q = q0; q < q1; ++q) {
+      uint16_t* group = out + q * Kp * G * W;
       for (int64_t k0 = 0; k0 < Kp; k0 += 16)
-        for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
-          uint16_t* o = panel + k / 2 * W * 2;
-          for (int64_t w = 0; w < wv; ++w) {
-            const uint16_t* row = B + (b * W + w) * K;
-            o[2 * w] = row[k];
-            o[2 * w + 1] = k + 1 < K ? row[k + 1] : uint16_t(0);
+        for (int g = 0; g < G; ++g) {
+          const int64_t j0 = (q * G + g) * W,
+                        wv = std::max<int64_t>(0, std::min<int64_t>(W, n - j0));
+          for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
+            uint16_t* o = group + (k / 2 * G + g) * W * 2;
+            for (int64_t w = 0; w < wv; ++w) {
+              const uint16_t* row = B + (j0 + w) * K;
+              o[2 * w] = row[k];
+              o[2 * w + 1] = k + 1 < K ? row[k + 1] : uint16_t(0);
+            }
+            for (int64_t w = wv; w < W; ++w) o[2 * w] = o[2 * w + 1] = 0;
           }
-          for (int64_t w = wv; w < W; ++w) o[2 * w] = o[2 * w + 1] = 0;
         }
     }
   }
 
-  // C[r, j] = sum_k A[r, k] B[j, k] (+ bias[j]) for rows [0, M) and the columns of panels
-  // [b0, b1) (packed by pack_pairs_rows); A's rows are bfloat16 pairs (K2 of them, lda2
-  // apart). scratch: M * W elements.
+  // C[r, j] = sum_k A[r, k] B[j, k] (+ bias[j]) for rows [0, M) and the columns of groups
+  // [q0, q1) (packed by pack_pairs_rows); A's rows are bfloat16 pairs (K2 of them, lda2
+  // apart). scratch: M * 4W elements.
   static void gemm_pairs(const void* A, int64_t lda2, int64_t M, int64_t K2, const uint16_t* packed,
-                         int64_t n, int64_t b0, int64_t b1, const S* bias, S* C, int64_t ldc,
+                         int64_t n, int64_t q0, int64_t q1, const S* bias, S* C, int64_t ldc,
                          S* scratch) {
 #if RNNCORE_FUSED_DOT_BF16
     if constexpr (kDotBf16) {
+      constexpr int G = kPairPanels;
       const Pair* Ap = static_cast<const Pair*>(A);
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
-        block_product_dot<1, false>(
-            Ap, lda2, 0, M, K2, reinterpret_cast<const Pair*>(packed + b * K2 * 2 * W), scratch);
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t j0 = q * G * W, wv = std::min<int64_t>(G * W, n - j0);
+        block_product_dot<G, false>(Ap, lda2, 0, M, K2,
+                                    reinterpret_cast<const Pair*>(packed + q * K2 * 2 * G * W),
+                                    scratch);
         for (int64_t r = 0; r < M; ++r) {
           S* c = C + r * ldc + j0;
-          const S* v = scratch + r * W;
+          const S* v = scratch + r * G * W;
           if (bias)
             for (int64_t w = 0; w < wv; ++w) c[w] = v[w] + bias[j0 + w];
           else
@@ -802,7 +811,7 @@ struct Fused {  // S: the scalar type
       return;
     }
 #endif
-    (void)A, (void)lda2, (void)M, (void)K2, (void)packed, (void)n, (void)b0, (void)b1, (void)bias;
+    (void)A, (void)lda2, (void)M, (void)K2, (void)packed, (void)n, (void)q0, (void)q1, (void)bias;
     (void)C, (void)ldc, (void)scratch;
   }
 
