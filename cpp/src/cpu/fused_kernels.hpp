@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -287,6 +288,135 @@ struct Fused {  // S: the scalar type
       for (int w = 0; w < W; ++w) v[w] = F.value(v[w]);
     });
   }
+  // f over K gates' vectors v[0:K*W] in one loop: at N = 1 each gate is one vector, and a
+  // call per gate is one dependency chain that nothing overlaps; K chains in a loop do.
+  template <int K>
+  static void act_k(Activation a, S* v) {
+    with_activation<S>(a, [v](auto F) {
+      for (int w = 0; w < K * W; ++w) v[w] = F.value(v[w]);
+    });
+  }
+  // The four LSTM gates (v[g*W..]) by their activations: in one loop when they share one, or
+  // when all but one do (three sigmoids and a tanh by default).
+  static void act_gates4(const std::array<Activation, 4>& f, S* v) {
+    int ones = 0, odd = 0;
+    for (int g = 0; g < 4; ++g)
+      if (std::count(f.begin(), f.end(), f[g]) == 1) ones += 1, odd = g;
+    if (ones == 0 && std::count(f.begin(), f.end(), f[0]) == 4) return act_k<4>(f[0], v);
+    if (ones != 1) {
+      for (int g = 0; g < 4; ++g) act(f[g], v + g * W);
+      return;
+    }
+    S* rest[3];
+    for (int g = 0, j = 0; g < 4; ++g)
+      if (g != odd) rest[j++] = v + g * W;
+    with_activation<S>(f[(odd + 1) % 4], [&](auto F) {
+      with_activation<S>(f[odd], [&](auto F1) {
+        S* __restrict a = rest[0];
+        S* __restrict b = rest[1];
+        S* __restrict c = rest[2];
+        S* __restrict d = v + odd * W;
+        for (int w = 0; w < W; ++w) {
+          a[w] = F.value(a[w]);
+          b[w] = F.value(b[w]);
+          c[w] = F.value(c[w]);
+          d[w] = F1.value(d[w]);
+        }
+      });
+    });
+  }
+
+  // The GRU's z and r (v[0:2W], z at zo * W): one loop when they share an activation.
+  static void act_zr(Activation act_z, Activation act_r, int64_t zo, S* v) {
+    if (act_z == act_r) return act_k<2>(act_z, v);
+    act(act_z, v + zo * W);
+    act(act_r, v + (1 - zo) * W);
+  }
+
+#if defined(__AVX512F__)
+  // The 16×16 32-bit elements at src (16 rows, ld bytes apart) transposed: r[c] holds
+  // column c. Packing by these moves a cache line per load and per store.
+  static void transpose16(const void* src, int64_t ld, __m512i (&r)[16]) {
+    const char* p = static_cast<const char*>(src);
+    // (maskz: the unmasked forms' undefined pass-through trips GCC's uninitialised warning)
+    const __mmask16 m16 = 0xFFFF;
+    const __mmask8 m8 = 0xFF;
+    __m512i t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(static_cast<const void*>(p + i * ld));
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_maskz_unpacklo_epi32(m16, r[i], r[i + 1]);
+      t[i + 1] = _mm512_maskz_unpackhi_epi32(m16, r[i], r[i + 1]);
+    }
+    // r[i + m], i = 0, 4, 8, 12: 128-bit lane L holds rows i..i+3 of column 4L + m.
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_maskz_unpacklo_epi64(m8, t[i], t[i + 2]);
+      r[i + 1] = _mm512_maskz_unpackhi_epi64(m8, t[i], t[i + 2]);
+      r[i + 2] = _mm512_maskz_unpacklo_epi64(m8, t[i + 1], t[i + 3]);
+      r[i + 3] = _mm512_maskz_unpackhi_epi64(m8, t[i + 1], t[i + 3]);
+    }
+    for (int m = 0; m < 4; ++m) {
+      const __m512i u = _mm512_maskz_shuffle_i32x4(m16, r[m], r[4 + m], 0x88);
+      const __m512i v = _mm512_maskz_shuffle_i32x4(m16, r[m], r[4 + m], 0xDD);
+      const __m512i u2 = _mm512_maskz_shuffle_i32x4(m16, r[8 + m], r[12 + m], 0x88);
+      const __m512i v2 = _mm512_maskz_shuffle_i32x4(m16, r[8 + m], r[12 + m], 0xDD);
+      t[m] = _mm512_maskz_shuffle_i32x4(m16, u, u2, 0x88);
+      t[8 + m] = _mm512_maskz_shuffle_i32x4(m16, u, u2, 0xDD);
+      t[4 + m] = _mm512_maskz_shuffle_i32x4(m16, v, v2, 0x88);
+      t[12 + m] = _mm512_maskz_shuffle_i32x4(m16, v, v2, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+  }
+  static constexpr bool kTranspose = W == 16 && sizeof(S) == 4;
+#else
+  static constexpr bool kTranspose = false;
+#endif
+  // The 32 elements from `rows` of 16 rows of 16-bit elements (ld elements apart) as 16 pairs
+  // of k, pair j (16 rows × 2) at out + j * stride. Only where kTranspose.
+  static void pairs_block(const uint16_t* rows, int64_t ld, uint16_t* out, int64_t stride) {
+#if defined(__AVX512F__)
+    if constexpr (kTranspose) {
+      __m512i r[16];
+      transpose16(rows, ld * 2, r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(static_cast<void*>(out + j * stride), r[j]);
+    }
+#endif
+    (void)rows, (void)ld, (void)out, (void)stride;
+  }
+
+  // pack_panels of a whole panel b by 16×16 transposes, for k below the value returned (a
+  // multiple of 16 for 32-bit elements, of 32 for 16-bit ones; 0 without transposes).
+  template <int G, class P>
+  static int64_t transposed_panels(const P* R, int64_t H, const int (&gates)[G], int64_t b,
+                                   P* panel) {
+#if defined(__AVX512F__)
+    if constexpr (kTranspose) {
+      constexpr int64_t KB = sizeof(P) == 4 ? 16 : 32;
+      int64_t k0 = 0;
+      for (; k0 + KB <= H; k0 += KB)
+        for (int g = 0; g < G; ++g) {
+          __m512i r[16];
+          transpose16(R + (gates[g] * H + b * W) * H + k0, H * int64_t(sizeof(P)), r);
+          if constexpr (sizeof(P) == 4) {
+            for (int k = 0; k < 16; ++k)
+              _mm512_storeu_si512(static_cast<void*>(panel + ((k0 + k) * G + g) * W), r[k]);
+          } else {
+            // r[j]: the pair k0 + 2j, k0 + 2j + 1 of the 16 units; split into the two k.
+            const __mmask16 all = 0xFFFF;
+            for (int j = 0; j < 16; ++j) {
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + ((k0 + 2 * j) * G + g) * W),
+                                  _mm512_maskz_cvtepi32_epi16(all, r[j]));
+              _mm256_storeu_si256(
+                  reinterpret_cast<__m256i*>(panel + ((k0 + 2 * j + 1) * G + g) * W),
+                  _mm512_maskz_cvtepi32_epi16(all, _mm512_maskz_srli_epi32(all, r[j], 16)));
+            }
+          }
+        }
+      return k0;
+    }
+#endif
+    (void)R, (void)H, (void)gates, (void)b, (void)panel;
+    return 0;
+  }
 
   // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
   template <int G, class P>
@@ -298,7 +428,8 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       P* panel = Bp + b * H * G * W;
       const int64_t wv = std::min<int64_t>(W, H - b * W);
-      for (int64_t k0 = 0; k0 < H; k0 += KB) {
+      const int64_t kv = wv == W ? transposed_panels(R, H, gates, b, panel) : 0;
+      for (int64_t k0 = kv; k0 < H; k0 += KB) {
         const int64_t kb = std::min(KB, H - k0);
         for (int g = 0; g < G; ++g) {
           const P* rows = R + (gates[g] * H + b * W) * H + k0;
@@ -538,7 +669,13 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       uint16_t* panel = Bp + b * Kp * G * W;
       const int64_t wv = std::min<int64_t>(W, H - b * W);
-      for (int64_t k0 = 0; k0 < Kp; k0 += 16)
+      int64_t kv = 0;  // k below kv packed by transposes
+      if (kTranspose && wv == W)
+        for (; kv + 32 <= H; kv += 32)
+          for (int g = 0; g < G; ++g)
+            pairs_block(R + (gates[g] * H + b * W) * H + kv, H, panel + (kv / 2 * G + g) * W * 2,
+                        G * W * 2);
+      for (int64_t k0 = kv; k0 < Kp; k0 += 16)
         for (int g = 0; g < G; ++g) {
           const uint16_t* rows = R + (gates[g] * H + b * W) * H;
           for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
@@ -633,7 +770,7 @@ struct Fused {  // S: the scalar type
         if (z)
           for (int g = 0; g < G; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
-        for (int g = 0; g < G; ++g) act(p.gate_act[g], v + g * W);
+        act_gates4(p.gate_act, v);
         S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
         for (int w = 0; w < W; ++w) phi[w] = S(0);
         for (int64_t w = 0; w < L; ++w) {
@@ -686,8 +823,7 @@ struct Fused {  // S: the scalar type
             std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
           std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * sizeof(S));
         }
-        act(act_z, v + zo * W);
-        act(act_r, v + ro * W);
+        act_zr(act_z, act_r, zo, v);
         const S* rg = v + ro * W;
         for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
         act(act_o, q);
@@ -721,8 +857,7 @@ struct Fused {  // S: the scalar type
           for (int g = 0; g < 2; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
                         static_cast<size_t>(wv) * sizeof(S));
-        act(act_z, v + zo * W);
-        act(act_r, v + ro * W);
+        act_zr(act_z, act_r, zo, v);
         std::memcpy(zbuf + n * H + u0, v + zo * W, static_cast<size_t>(wv) * sizeof(S));
         const S* hm = A.data + n * A.ld + u0;
         for (int64_t w = 0; w < wv; ++w) ubuf[n * H + u0 + w] = v[ro * W + w] * hm[w];
@@ -767,7 +902,13 @@ struct Fused {  // S: the scalar type
     const int64_t Kp = (K + 1) / 2 * 2;
     for (int64_t q = q0; q < q1; ++q) {
       uint16_t* group = out + q * Kp * G * W;
-      for (int64_t k0 = 0; k0 < Kp; k0 += 16)
+      int64_t kv = 0;  // k below kv packed by transposes (whole groups)
+      if (kTranspose && (q + 1) * G * W <= n)
+        for (; kv + 32 <= K; kv += 32)
+          for (int g = 0; g < G; ++g)
+            pairs_block(B + (q * G + g) * W * K + kv, K, group + (kv / 2 * G + g) * W * 2,
+                        G * W * 2);
+      for (int64_t k0 = kv; k0 < Kp; k0 += 16)
         for (int g = 0; g < G; ++g) {
           const int64_t j0 = (q * G + g) * W,
                         wv = std::max<int64_t>(0, std::min<int64_t>(W, n - j0));
