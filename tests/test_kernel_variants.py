@@ -14,6 +14,7 @@ VARIANTS = [
     {"RNNCORE_ISA": "avx2"},
     {"RNNCORE_ISA": "avx512"},
     {"RNNCORE_ISA": "avx512bf16"},
+    {"RNNCORE_ISA": "avx512amx"},
     {"RNNCORE_CPU_PATH": "blas"},
     {"RNNCORE_NUM_THREADS": "1"},
     {"RNNCORE_NUM_THREADS": "3"},

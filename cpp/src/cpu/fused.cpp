@@ -11,6 +11,14 @@
 #include "cpu/thread_pool.hpp"
 #include "rnncore/error.hpp"
 
+#if defined(RNNCORE_X86_KERNELS)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
+
 namespace rnncore::cpu {
 
 FusedKernels fused_kernels_generic();
@@ -18,13 +26,32 @@ FusedKernels fused_kernels_generic();
 FusedKernels fused_kernels_avx2();
 FusedKernels fused_kernels_avx512();
 FusedKernels fused_kernels_avx512bf16();
+#if defined(RNNCORE_AMX_KERNELS)
+FusedKernels fused_kernels_avx512amx();
+#endif
 #endif
 
 namespace {
 
+#if defined(RNNCORE_X86_KERNELS)
+// AMX-BF16 and its tiles on the CPU (CPUID leaf 7: EDX bits 22 and 24), and the tile data
+// state granted by the OS: Linux hands it out per process on request (arch_prctl).
+bool amx_usable() {
+#if defined(RNNCORE_AMX_KERNELS) && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((d >> 22) & 1) || !((d >> 24) & 1)) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
+
 FusedKernels select() {
-  // RNNCORE_ISA=generic|avx2|avx512|avx512bf16 forces a variant (for tests); never one the
-  // CPU lacks (a forced variant the CPU lacks falls back to the best it has below it).
+  // RNNCORE_ISA=generic|avx2|avx512|avx512bf16|avx512amx forces a variant (for tests); never one
+  // the CPU lacks (a forced variant the CPU lacks falls back to the best it has below it).
   const char* forced = std::getenv("RNNCORE_ISA");
   const std::string want = forced ? forced : "";
 #if defined(RNNCORE_X86_KERNELS)
@@ -33,10 +60,14 @@ FusedKernels select() {
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
-  if (bf16 && (want.empty() || want == "avx512bf16")) return fused_kernels_avx512bf16();
-  if (avx512 && (want.empty() || want == "avx512bf16" || want == "avx512"))
+  const bool amx = want == "avx512amx";
+#if defined(RNNCORE_AMX_KERNELS)
+  if (bf16 && (want.empty() || amx) && amx_usable()) return fused_kernels_avx512amx();
+#endif
+  if (bf16 && (want.empty() || amx || want == "avx512bf16")) return fused_kernels_avx512bf16();
+  if (avx512 && (want.empty() || amx || want == "avx512bf16" || want == "avx512"))
     return fused_kernels_avx512();
-  if (avx2 && (want.empty() || want == "avx512bf16" || want == "avx512" || want == "avx2"))
+  if (avx2 && (want.empty() || amx || want == "avx512bf16" || want == "avx512" || want == "avx2"))
     return fused_kernels_avx2();
 #endif
   return fused_kernels_generic();

@@ -37,6 +37,14 @@
 #else
 #define RNNCORE_FUSED_DOT_BF16 0
 #endif
+// AMX (Sapphire Rapids on): the same bfloat16 products by tiles of 16 rows × 16 pairs of k,
+// where there are 16 rows (batch rows of a step, or of the input projection); the
+// avx512amx variant, picked only once the OS has granted the tile state (fused.cpp).
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && RNNCORE_FUSED_DOT_BF16
+#define RNNCORE_FUSED_AMX 1
+#else
+#define RNNCORE_FUSED_AMX 0
+#endif
 
 namespace rnncore::cpu {
 // A bfloat16 element of R's panels (its bits), told apart from a float16 one (uint16_t).
@@ -172,9 +180,91 @@ struct Fused {  // S: the scalar type
     tile_dot<G, M, Split>(A, lda, lo_off, K2, Bp, out, accumulate);
   }
 
-  // block_product on pairs: K2 pairs of k, the panel's chunks kept in L1 as there.
+#if RNNCORE_FUSED_AMX
+  // Every tile 16 rows of 64 bytes: C 16 × 16 float32, A 16 rows × 16 pairs, B 16 pairs of
+  // k × 16 columns (a panel's gate block, as packed).
+  struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  };
+  // out[r][g][w] = A[r, :K16] · panel for rows [0, N16) (multiples of 16; K16 in pairs):
+  // tiles 0..G-1 accumulate the G gates, 4 (and 5, the lo pairs) hold A, 6 and 7 B. The
+  // tile macros name their tiles by literal numbers, hence the unrolled gates.
+  template <int G, bool Split>
+  static void amx_product(const Pair* A, int64_t lda, int64_t lo_off, int64_t N16, int64_t K16,
+                          const Pair* panel, S* out) {
+    static_assert(G >= 1 && G <= 4, "four accumulator tiles");
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+    const int64_t sa = lda * 4, sb = G * W * 4, so = G * W * int64_t(sizeof(S));
+    for (int64_t n0 = 0; n0 < N16; n0 += 16) {
+      _tile_zero(0);
+      if constexpr (G > 1) _tile_zero(1);
+      if constexpr (G > 2) _tile_zero(2);
+      if constexpr (G > 3) _tile_zero(3);
+      for (int64_t k = 0; k < K16; k += 16) {
+        const Pair* a = A + n0 * lda + k;
+        const Pair* b = panel + k * G * W;
+        _tile_loadd(4, a, sa);
+        if constexpr (Split) _tile_loadd(5, a + lo_off, sa);
+        _tile_loadd(6, b, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (Split) _tile_dpbf16ps(0, 5, 6);
+        if constexpr (G > 1) {
+          _tile_loadd(7, b + W, sb);
+          _tile_dpbf16ps(1, 4, 7);
+          if constexpr (Split) _tile_dpbf16ps(1, 5, 7);
+        }
+        if constexpr (G > 2) {
+          _tile_loadd(6, b + 2 * W, sb);
+          _tile_dpbf16ps(2, 4, 6);
+          if constexpr (Split) _tile_dpbf16ps(2, 5, 6);
+        }
+        if constexpr (G > 3) {
+          _tile_loadd(7, b + 3 * W, sb);
+          _tile_dpbf16ps(3, 4, 7);
+          if constexpr (Split) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      S* o = out + n0 * G * W;
+      _tile_stored(0, o, so);
+      if constexpr (G > 1) _tile_stored(1, o + W, so);
+      if constexpr (G > 2) _tile_stored(2, o + 2 * W, so);
+      if constexpr (G > 3) _tile_stored(3, o + 3 * W, so);
+    }
+    _tile_release();  // back to the init state: no tile data to save at a context switch
+  }
+#endif
+
+  // block_product on pairs: K2 pairs of k, the panel's chunks kept in L1 as there; by AMX
+  // tiles where 16 rows and 16 pairs fill them.
   template <int G, bool Split>
   static void block_product_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t N, int64_t K2,
+                                const Pair* panel, S* out) {
+#if RNNCORE_FUSED_AMX
+    const int64_t N16 = N / 16 * 16, K16 = K2 / 16 * 16;
+    if (N16 > 0 && K16 > 0) {
+      amx_product<G, Split>(A, lda, lo_off, N16, K16, panel, out);
+      constexpr int M = rows<G>();
+      if (K16 < K2)  // the last pairs of k, added by vdpbf16ps
+        for (int64_t n0 = 0; n0 < N16; n0 += M) {
+          const int m = static_cast<int>(std::min<int64_t>(M, N16 - n0));
+          tile_rows_dot<G, Split>(m, A + n0 * lda + K16, lda, lo_off, K2 - K16, panel + K16 * G * W,
+                                  out + n0 * G * W, true);
+        }
+      if (N16 < N)
+        block_product_vec<G, Split>(A + N16 * lda, lda, lo_off, N - N16, K2, panel,
+                                    out + N16 * G * W);
+      return;
+    }
+#endif
+    block_product_vec<G, Split>(A, lda, lo_off, N, K2, panel, out);
+  }
+  template <int G, bool Split>
+  static void block_product_vec(const Pair* A, int64_t lda, int64_t lo_off, int64_t N, int64_t K2,
                                 const Pair* panel, S* out) {
     constexpr int M = rows<G>();
     constexpr int64_t KC = std::max<int64_t>(8, 24576 / (G * W * 4));
