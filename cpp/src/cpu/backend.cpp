@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -459,10 +460,11 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
       std::memcpy(padded.data() + r * K2 * 2, x + r * K, static_cast<size_t>(K) * 2);
     x = padded.data();
   }
-  std::vector<uint16_t> packed(static_cast<size_t>(nq * K2 * 2 * GW));
+  // (pack_pairs_rows writes every element, padding included: no zero-fill pass first)
+  std::unique_ptr<uint16_t[]> packed(new uint16_t[static_cast<size_t>(nq * K2 * 2 * GW)]);
   ThreadPool& pool = ThreadPool::instance();
   const uint16_t* Wb = static_cast<const uint16_t*>(a.input_weight);
-  pool.parallel_for(nq, [&](int64_t q) { k.pack_pairs_rows(Wb, n, K, packed.data(), q, q + 1); });
+  pool.parallel_for(nq, [&](int64_t q) { k.pack_pairs_rows(Wb, n, K, packed.get(), q, q + 1); });
   // Tiles of 48 rows and 4 groups (256 columns): a tile's rows stay in L1 across its groups.
   constexpr int64_t RB = 48, CB = 4;
   const int64_t rb = (M + RB - 1) / RB, cb = (nq + CB - 1) / CB;
@@ -471,7 +473,7 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
   pool.parallel_for(rb * cb, [&](int64_t t) {
     const int64_t r0 = t / cb * RB, q0 = t % cb * CB, m = std::min(RB, M - r0);
     std::vector<float> scratch(static_cast<size_t>(RB * GW));
-    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.data(), n, q0, std::min(nq, q0 + CB), bf,
+    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.get(), n, q0, std::min(nq, q0 + CB), bf,
                  C + r0 * n, n, scratch.data());
   });
   return out;

@@ -148,7 +148,13 @@ def markdown(results):
         + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "matplotlib")
         + ".",
         "",
-        f"rnncore device: {results['device']}. OpenBLAS overrides in the environment: "
+        f"rnncore device: {results['device']}"
+        + (
+            f" (CPU kernels: {results['build_info']['kernels']})"
+            if results.get("build_info", {}).get("kernels") and results["device"] == "cpu"
+            else ""
+        )
+        + ". OpenBLAS overrides in the environment: "
         + (", ".join(f"{k}={val}" for k, val in m["openblas_overrides"].items() if val) or "none")
         + ".",
         "",
