@@ -140,6 +140,8 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   std::unique_ptr<T, AlignedFree> scratch(
       static_cast<T*>(std::aligned_alloc(64, static_cast<size_t>(participants * blk) * sizeof(T))));
   if (!scratch) throw std::bad_alloc();
+  // Zeroed: the kernels keep what a participant's scratch holds in it (FusedOps::block).
+  std::memset(scratch.get(), 0, static_cast<size_t>(participants * blk) * sizeof(T));
   if (participants <= 1) {
     for (int64_t d = 0; d < p.D; ++d) serial(d, scratch.get());
     return;

@@ -394,31 +394,43 @@ struct Fused {  // S: the scalar type
   }
   // The four LSTM gates (v[g*W..]) by their activations: in one loop when they share one, or
   // when all but one do (three sigmoids and a tanh by default).
-  static void act_gates4(const std::array<Activation, 4>& f, S* v) {
+  static void act_gates4(const std::array<Activation, 4>& f, S* v, int64_t rows = 1) {
     int ones = 0, odd = 0;
     for (int g = 0; g < 4; ++g)
       if (std::count(f.begin(), f.end(), f[g]) == 1) ones += 1, odd = g;
-    if (ones == 0 && std::count(f.begin(), f.end(), f[0]) == 4) return act_k<4>(f[0], v);
+    if (ones == 0 && std::count(f.begin(), f.end(), f[0]) == 4)
+      return act_rows(f[0], v, rows * 4, W);
     if (ones != 1) {
-      for (int g = 0; g < 4; ++g) act(f[g], v + g * W);
+      for (int g = 0; g < 4; ++g) act_rows(f[g], v + g * W, rows, 4 * W);
       return;
     }
-    S* rest[3];
+    int rest[3];
     for (int g = 0, j = 0; g < 4; ++g)
-      if (g != odd) rest[j++] = v + g * W;
+      if (g != odd) rest[j++] = g;
     with_activation<S>(f[(odd + 1) % 4], [&](auto F) {
       with_activation<S>(f[odd], [&](auto F1) {
-        S* __restrict a = rest[0];
-        S* __restrict b = rest[1];
-        S* __restrict c = rest[2];
-        S* __restrict d = v + odd * W;
-        for (int w = 0; w < W; ++w) {
-          a[w] = F.value(a[w]);
-          b[w] = F.value(b[w]);
-          c[w] = F.value(c[w]);
-          d[w] = F1.value(d[w]);
+        for (int64_t n = 0; n < rows; ++n) {
+          S* __restrict a = v + n * 4 * W + rest[0] * W;
+          S* __restrict b = v + n * 4 * W + rest[1] * W;
+          S* __restrict c = v + n * 4 * W + rest[2] * W;
+          S* __restrict d = v + n * 4 * W + odd * W;
+          for (int w = 0; w < W; ++w) {
+            a[w] = F.value(a[w]);
+            b[w] = F.value(b[w]);
+            c[w] = F.value(c[w]);
+            d[w] = F1.value(d[w]);
+          }
         }
       });
+    });
+  }
+  // f over `rows` vectors of W, `stride` elements apart.
+  static void act_rows(Activation a, S* v, int64_t rows, int64_t stride) {
+    with_activation<S>(a, [v, rows, stride](auto F) {
+      for (int64_t n = 0; n < rows; ++n) {
+        S* __restrict r = v + n * stride;
+        for (int w = 0; w < W; ++w) r[w] = F.value(r[w]);
+      }
     });
   }
 
@@ -547,7 +559,7 @@ struct Fused {  // S: the scalar type
   // Scratch of one participant: the products of one panel for every row.
   // On the vdpbf16ps path also h̃'s bfloat16 pairs.
   static int64_t block(const Problem& p) {
-    return p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) : 0);
+    return p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) + 16 : 0);
   }
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
   // every unit.
@@ -593,18 +605,33 @@ struct Fused {  // S: the scalar type
     int64_t ld2;
     bool split;  // pairs: hi rows, then lo rows (a training forward)
   };
-  static Operand product_operand(const Problem& p, const Dir& a, const S* A, int64_t lda, S* blk) {
+  // Which operand a participant's pairs hold (after them in its scratch, zeroed per call): a
+  // participant's chunks of one step share h̃, converted once.
+  struct OperandKey {
+    const void* A;
+    const void* dir;
+    int64_t step, lda;
+  };
+  static Operand product_operand(const Problem& p, const Dir& a, const S* A, int64_t lda, int64_t s,
+                                 S* blk) {
     Operand o{A, lda, nullptr, 0, false};
 #if RNNCORE_FUSED_DOT_BF16
     if (dot_panels(a)) {
       Pair* pairs = reinterpret_cast<Pair*>(blk + p.N * p.G * W);
       o.ld2 = (p.H + 1) / 2;
       o.split = a.z != nullptr;
-      to_pairs(A, lda, p.N, p.H, pairs, o.ld2, o.split);
       o.pairs = pairs;
+      const OperandKey key{A, &a, s, lda};
+      void* held = pairs + 2 * p.N * o.ld2;
+      OperandKey had;
+      std::memcpy(&had, held, sizeof had);
+      if (had.A == key.A && had.dir == key.dir && had.step == key.step && had.lda == key.lda)
+        return o;
+      to_pairs(A, lda, p.N, p.H, pairs, o.ld2, o.split);
+      std::memcpy(held, &key, sizeof key);
     }
 #else
-    (void)p, (void)a, (void)blk;
+    (void)p, (void)a, (void)s, (void)blk;
 #endif
     return o;
   }
@@ -807,7 +834,7 @@ struct Fused {  // S: the scalar type
     constexpr int G = 1;
     const int64_t N = p.N, H = p.H;
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const Operand op = product_operand(p, a, A.data, A.ld, blk);
+    const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -843,7 +870,7 @@ struct Fused {  // S: the scalar type
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const Operand op = product_operand(p, a, A.data, A.ld, blk);
+    const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     // Named copies, not a structured binding: C++17 lambdas cannot capture those (Clang).
     const StepRows rows = step_rows(p, a, s);
     const S* const x = rows.x;
@@ -852,8 +879,10 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
-      // Full panels (all of them when W divides H) get loops of a constant length.
-      auto row = [&](auto full, int64_t n) {
+      // In passes over the rows, so that each activation runs once over all of them (a
+      // call per row and gate is a short chain that nothing overlaps). Full panels (all of
+      // them when W divides H) get loops of a constant length.
+      auto gates = [&](auto full, int64_t n) {
         const int64_t L = decltype(full)::value ? int64_t(W) : wv;
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
@@ -866,21 +895,37 @@ struct Fused {  // S: the scalar type
         if (z)
           for (int g = 0; g < G; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
-        act_gates4(p.gate_act, v);
+      };
+      // The cell, then its activation in the (spent) input gate's place.
+      auto cells = [&](auto full, int64_t n) {
+        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
+        S* v = blk + n * G * W;
+        const S* cp = cprev.data + n * cprev.ld + u0;
         S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
-        for (int w = 0; w < W; ++w) phi[w] = S(0);
         for (int64_t w = 0; w < L; ++w) {
           cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
           phi[w] = cr[w];
         }
-        act(p.cell_act, phi);
-        for (int64_t w = 0; w < L; ++w) phi[w] *= v[oo * W + w];
+        for (int64_t w = L; w < W; ++w) phi[w] = S(0);
+        std::memcpy(v + oi * W, phi, sizeof phi);
+      };
+      auto outputs = [&](auto full, int64_t n) {
+        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
+        const S* v = blk + n * G * W;
+        for (int64_t w = 0; w < L; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
         store_h(a, bf, y, n, u0, L, phi, s, H);
       };
+      const auto passes = [&](auto full) {
+        for (int64_t n = 0; n < N; ++n) gates(full, n);
+        act_gates4(p.gate_act, blk, N);
+        for (int64_t n = 0; n < N; ++n) cells(full, n);
+        act_rows(p.cell_act, blk + oi * W, N, G * W);
+        for (int64_t n = 0; n < N; ++n) outputs(full, n);
+      };
       if (wv == W)
-        for (int64_t n = 0; n < N; ++n) row(std::true_type{}, n);
+        passes(std::true_type{});
       else
-        for (int64_t n = 0; n < N; ++n) row(std::false_type{}, n);
+        passes(std::false_type{});
     }
   }
 
@@ -900,7 +945,7 @@ struct Fused {  // S: the scalar type
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const Operand op = product_operand(p, a, A.data, A.ld, blk);
+    const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -939,7 +984,7 @@ struct Fused {  // S: the scalar type
     const int64_t zo = p.gru_z, ro = p.gru_r;
     const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const Operand op = product_operand(p, a, A.data, A.ld, blk);
+    const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -969,7 +1014,7 @@ struct Fused {  // S: the scalar type
     const S* ubuf = bf.extra[1];
     const Activation act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s);
-    const Operand op = product_operand(p, a, ubuf, H, blk);
+    const Operand op = product_operand(p, a, ubuf, H, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
