@@ -193,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--epochs", type=int, help="at most this many epochs (default 30, or 4 with --quick)"
     )
+    parser.add_argument("--steps", type=int, help="training steps per epoch (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="a short run that checks learning")
     args = parser.parse_args(argv)
@@ -202,8 +203,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     if args.epochs is not None and args.epochs < 1:
         parser.error("--epochs must be at least 1")
-    args.length, args.steps, default_epochs = QUICK if args.quick else FULL
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    args.length, default_steps, default_epochs = QUICK if args.quick else FULL
     args.epochs = args.epochs or default_epochs
+    args.steps = args.steps or default_steps
     # device=None means RNNCORE_DEVICE if set, else the best available device.
     device_name = args.device or os.environ.get("RNNCORE_DEVICE") or rnncore.devices()[0]
     kinds = ("gru", "lstm") if args.model == "both" else (args.model,)

@@ -61,10 +61,16 @@ FusedKernels select() {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
   const bool amx = want == "avx512amx";
+  // The bfloat16 variants carry no float64 kernels of their own (CMakeLists.txt).
+  const auto with_f64 = [](FusedKernels k) {
+    k.f64 = fused_kernels_avx512().f64;
+    return k;
+  };
 #if defined(RNNCORE_AMX_KERNELS)
-  if (bf16 && (want.empty() || amx) && amx_usable()) return fused_kernels_avx512amx();
+  if (bf16 && (want.empty() || amx) && amx_usable()) return with_f64(fused_kernels_avx512amx());
 #endif
-  if (bf16 && (want.empty() || amx || want == "avx512bf16")) return fused_kernels_avx512bf16();
+  if (bf16 && (want.empty() || amx || want == "avx512bf16"))
+    return with_f64(fused_kernels_avx512bf16());
   if (avx512 && (want.empty() || amx || want == "avx512bf16" || want == "avx512"))
     return fused_kernels_avx512();
   if (avx2 && (want.empty() || amx || want == "avx512bf16" || want == "avx512" || want == "avx2"))

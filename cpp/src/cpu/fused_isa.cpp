@@ -1,6 +1,7 @@
 // The fused kernels of one instruction set (see fused_kernels.hpp), compiled once per set by
-// CMakeLists.txt (rnncore_fused_isa) with RNNCORE_ISA (generic, avx2, avx512) and the
-// float32 vector width RNNCORE_ISA_WIDTH; fused.cpp picks one at load time.
+// CMakeLists.txt (rnncore_fused_isa) with RNNCORE_ISA (generic, avx2, avx512, avx512bf16,
+// avx512amx), the float32 vector width RNNCORE_ISA_WIDTH and RNNCORE_ISA_F64 (whether it has
+// float64 kernels of its own); fused.cpp picks one at load time.
 #include "cpu/fused_kernels.hpp"
 
 #define RNNCORE_PASTE(a, b) a##b
@@ -31,8 +32,14 @@ FusedOps<T> ops() {
 }  // namespace
 
 FusedKernels RNNCORE_ENTRY(RNNCORE_ISA)() {
+#if RNNCORE_ISA_F64
   return {RNNCORE_NAME(RNNCORE_ISA), ops<float, RNNCORE_ISA_WIDTH>(),
           ops<double, RNNCORE_ISA_WIDTH / 2>()};
+#else
+  // The float64 kernels are those of the variant without the bfloat16 instructions, which
+  // they do not use (fused.cpp fills them in): one compile less per variant.
+  return {RNNCORE_NAME(RNNCORE_ISA), ops<float, RNNCORE_ISA_WIDTH>(), {}};
+#endif
 }
 
 }  // namespace rnncore::cpu
