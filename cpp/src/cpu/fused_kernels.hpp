@@ -74,6 +74,7 @@ struct Fused {  // S: the scalar type
   static constexpr bool kHalfPanels =
       RNNCORE_FUSED_HALF_PANELS && std::is_same_v<S, float> && (W == 8 || W == 16);
   static vec load(const S* p) { return *reinterpret_cast<const vec*>(p); }
+  static void store(S* p, vec v) { *reinterpret_cast<vec*>(p) = v; }
   static vec load(const uint16_t* p) {
     vec r;
 #if RNNCORE_FUSED_HALF_PANELS
@@ -896,24 +897,35 @@ struct Fused {  // S: the scalar type
           for (int g = 0; g < G; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
       };
-      // The cell, then its activation in the (spent) input gate's place.
+      // The cell, then its activation in the (spent) input gate's place. Full panels in
+      // vectors: element loops into phi compiled to scalar stores that the next vector
+      // load of phi waited on (a failed store forward; a third of the LSTM's epilogue).
       auto cells = [&](auto full, int64_t n) {
-        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
         S* v = blk + n * G * W;
         const S* cp = cprev.data + n * cprev.ld + u0;
         S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
-        for (int64_t w = 0; w < L; ++w) {
-          cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
-          phi[w] = cr[w];
+        if constexpr (decltype(full)::value) {
+          const vec cn = load(v + of * W) * load(cp) + load(v + oi * W) * load(v + oz * W);
+          store(cr, cn);
+          store(v + oi * W, cn);
+        } else {
+          for (int64_t w = 0; w < wv; ++w) {
+            cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
+            phi[w] = cr[w];
+          }
+          for (int64_t w = wv; w < W; ++w) phi[w] = S(0);
+          std::memcpy(v + oi * W, phi, sizeof phi);
         }
-        for (int64_t w = L; w < W; ++w) phi[w] = S(0);
-        std::memcpy(v + oi * W, phi, sizeof phi);
       };
       auto outputs = [&](auto full, int64_t n) {
-        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
         const S* v = blk + n * G * W;
-        for (int64_t w = 0; w < L; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
-        store_h(a, bf, y, n, u0, L, phi, s, H);
+        if constexpr (decltype(full)::value) {
+          store(phi, load(v + oi * W) * load(v + oo * W));
+          store_h(a, bf, y, n, u0, W, phi, s, H);
+        } else {
+          for (int64_t w = 0; w < wv; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
+          store_h(a, bf, y, n, u0, wv, phi, s, H);
+        }
       };
       const auto passes = [&](auto full) {
         for (int64_t n = 0; n < N; ++n) gates(full, n);
