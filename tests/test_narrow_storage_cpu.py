@@ -9,7 +9,8 @@ of ml_dtypes.bfloat16 or as torch tensors (DLPack), and results are ml_dtypes.bf
 The exception is bfloat16 on the avx512bf16 and avx512amx variants (processors with AVX-512
 BF16, and AMX): their forward multiplies in bfloat16 pairs (vdpbf16ps, and AMX tiles from 4
 batch rows on), so it is checked against the float32 op within a tolerance instead,
-and bit for bit on the avx512 variant."""
+and bit for bit on the avx512 variant. Likewise bfloat16 gradients on the avx512amx
+variant, whose GEMMs multiply split bfloat16 tiles."""
 
 import ml_dtypes
 import numpy as np
@@ -144,30 +145,55 @@ def test_bfloat16_dot_products(name, bidirectional, training):
             assert err.max() <= tol * max(np.abs(b).max(), 1e-30), (T, N, I, H, err.max())
 
 
+def gradients_both_ways(name, bidirectional, shape, dtype, rng):
+    """The gradient op on 16-bit arrays, and the float32 one on the same arrays widened."""
+    op, desc = descriptor(name, bidirectional)
+    half = inputs(op, rng, *shape, 2 if bidirectional else 1, dtype)
+    fwd = getattr(rnncore, op)(**half, descriptor=desc, device="cpu")
+    g = dict(half, z_state=fwd.z_state)
+    g["source_gradient"] = rng.standard_normal(fwd.state.shape).astype(dtype)
+    if op == "gru":
+        g["output_fwd"] = fwd.state
+    if op == "lstm":
+        g["cell_output_fwd"] = fwd.cell
+    got = getattr(rnncore, op + "_gradients")(**g, descriptor=desc, device="cpu")
+    wide = {k: v.astype(np.float32) for k, v in g.items()}
+    want = getattr(rnncore, op + "_gradients")(**wide, descriptor=desc, device="cpu")
+    return [(a, b) for a, b in zip(got, want) if a is not None]
+
+
 @pytest.mark.parametrize("dtype", NARROW, ids=str)
 def test_gradients_are_the_float32_gradients_rounded_once(dtype):
     """The gradient op on 16-bit arrays: the float32 gradient op on the widened arrays, each
     output rounded once."""
+    if KERNELS == "avx512amx" and dtype == np.dtype(ml_dtypes.bfloat16):
+        pytest.skip("split-bfloat16 GEMMs: test_bfloat16_split_gradient_gemms; bits elsewhere")
     rng = np.random.default_rng(3)
     for name in sorted(DESCRIPTORS):
-        op, desc = descriptor(name, True)
-        half = inputs(op, rng, 6, 3, 5, 17, 2, dtype)
-        fwd = getattr(rnncore, op)(**half, descriptor=desc, device="cpu")
-        g = dict(half, z_state=fwd.z_state)
-        g["source_gradient"] = rng.standard_normal(fwd.state.shape).astype(dtype)
-        if op == "gru":
-            g["output_fwd"] = fwd.state
-        if op == "lstm":
-            g["cell_output_fwd"] = fwd.cell
-        got = getattr(rnncore, op + "_gradients")(**g, descriptor=desc, device="cpu")
-        wide = {k: v.astype(np.float32) for k, v in g.items()}
-        want = getattr(rnncore, op + "_gradients")(**wide, descriptor=desc, device="cpu")
-        for a, b in zip(got, want):
-            if a is not None:
-                assert a.dtype == dtype
-                np.testing.assert_array_equal(
-                    a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=name
-                )
+        for a, b in gradients_both_ways(name, True, (6, 3, 5, 17), dtype, rng):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(
+                a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=name
+            )
+
+
+@pytest.mark.skipif(KERNELS != "avx512amx", reason="the avx512amx variant only")
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_bfloat16_split_gradient_gemms(name, bidirectional):
+    """bfloat16 gradients on AMX: the GEMMs of dX, dW and dR multiply AMX tiles of both
+    operands split into bfloat16 hi + lo (16 significant bits each, float32 sums). Against
+    the float32 gradient op on the same arrays: each output within half a bfloat16 ulp of
+    the float32 value plus at most 1e-5 of the output's largest value (measured 2.6e-6);
+    shapes with whole 32-blocks, ragged edges and (T·N = 4480) K in two chunks."""
+    rng = np.random.default_rng(8)
+    shapes = [(6, 3, 5, 17), (1, 1, 1, 1), (4, 16, 64, 32), (3, 17, 70, 33), (70, 64, 5, 17)]
+    for shape in shapes:
+        for a, b in gradients_both_ways(name, bidirectional, shape, ml_dtypes.bfloat16, rng):
+            assert a.dtype == ml_dtypes.bfloat16
+            half_ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(b), 1e-38))) - 8)
+            excess = np.maximum(0, np.abs(a.astype(np.float32) - b) - half_ulp)
+            assert excess.max() <= 1e-5 * np.abs(b).max(), (shape, excess.max())
 
 
 def test_bfloat16_torch_tensors_and_strided_views():

@@ -41,6 +41,10 @@ struct Problem {
   // act, so a new flag is not copied field by field on its way to the kernels.
   GRUDescriptor gru;
 
+  // The callers' arrays' type where the CPU runs float16 or bfloat16 storage as a float32
+  // problem (dtype is then Float32): some products may use it (bfloat16 tiles).
+  DType storage = DType::Float32;
+
   int64_t gh() const { return G * H; }
   int64_t dh() const { return D * H; }
 };

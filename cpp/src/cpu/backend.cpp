@@ -172,9 +172,8 @@ template <class T>
 void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W, T* dsource,
                           T* dW, T* dbias) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
-  if (dsource && W)
-    parallel_gemm<T>(false, false, rows, I, cols, T(1), dxp, cols, W, I, T(0), dsource, I);
-  if (dW) parallel_gemm<T>(true, false, cols, I, rows, T(1), dxp, cols, source, I, T(0), dW, I);
+  if (dsource && W) gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I);
+  if (dW) gradient_gemm<T>(p, true, cols, I, rows, dxp, cols, source, I, dW, I);
   if (dbias) {
     // Column sums, each in row order, by blocks of columns the pool's threads claim.
     const int64_t block = 256;
@@ -503,6 +502,7 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
 void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
   Problem q = p;
   q.dtype = DType::Float32;
+  q.storage = p.dtype;
   const Sizes n(p);
   Widened w(p.dtype);
   detail::BackwardArrays b = a;

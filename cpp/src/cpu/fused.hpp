@@ -47,6 +47,11 @@ struct FusedOps {
                      int64_t n, int64_t q0, int64_t q1, const T* bias, T* C, int64_t ldc,
                      T* scratch);
   int pair_columns;
+  // C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a), all row-major float32, on AMX
+  // tiles with both operands split into bfloat16 hi + lo (amx_gemm.hpp; null without AMX):
+  // the gradient GEMMs of bfloat16 storage.
+  void (*split_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
+                     const T* B, int64_t ldb, T* C, int64_t ldc);
   // Whether the fused forward reads float16 / bfloat16 storage's R in 16 bits (then it
   // needs no float32 copy of R).
   bool narrow_panels;

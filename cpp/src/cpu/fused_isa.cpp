@@ -3,6 +3,9 @@
 // avx512amx), the float32 vector width RNNCORE_ISA_WIDTH and RNNCORE_ISA_F64 (whether it has
 // float64 kernels of its own); fused.cpp picks one at load time.
 #include "cpu/fused_kernels.hpp"
+#if RNNCORE_FUSED_AMX
+#include "cpu/amx_gemm.hpp"
+#endif
 
 #define RNNCORE_PASTE(a, b) a##b
 #define RNNCORE_ENTRY(isa) RNNCORE_PASTE(fused_kernels_, isa)
@@ -11,6 +14,15 @@
 
 namespace rnncore::cpu {
 namespace {
+
+template <class T>
+constexpr auto split_gemm() {
+  using Fn = decltype(FusedOps<T>::split_gemm);
+#if RNNCORE_FUSED_AMX
+  if constexpr (std::is_same_v<T, float>) return Fn(&AmxGemm::gemm);
+#endif
+  return Fn(nullptr);
+}
 
 template <class T, int W>
 FusedOps<T> ops() {
@@ -26,6 +38,7 @@ FusedOps<T> ops() {
           F::kDotBf16 ? &F::pack_pairs_rows : nullptr,
           F::kDotBf16 ? &F::gemm_pairs : nullptr,
           F::kPairPanels * W,
+          split_gemm<T>(),
           F::kHalfPanels};
 }
 

@@ -183,9 +183,9 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
   const int64_t H = p.H, rows = p.T * p.N, oo = 2 * H;
   const T* dxp = static_cast<const T*>(a.dxp);
   T* dR = static_cast<T*>(a.dR);
-  parallel_gemm<T>(true, false, 2 * H, H, rows, T(1), dxp, a.dxp_ld, hm_all, H, T(0), dR, H);
+  gradient_gemm<T>(p, true, 2 * H, H, rows, dxp, a.dxp_ld, hm_all, H, dR, H);
   if (p.gru.reset_after) {
-    parallel_gemm<T>(true, false, H, H, rows, T(1), side, H, hm_all, H, T(0), dR + 2 * H * H, H);
+    gradient_gemm<T>(p, true, H, H, rows, side, H, hm_all, H, dR + 2 * H * H, H);
     if (a.db2) {
       T* db2 = static_cast<T*>(a.db2);
       for (int64_t j = 0; j < H; ++j) db2[j] = T(0);
@@ -193,8 +193,7 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
         for (int64_t j = 0; j < H; ++j) db2[j] += side[k * H + j];
     }
   } else {
-    parallel_gemm<T>(true, false, H, H, rows, T(1), dxp + oo, a.dxp_ld, side, H, T(0),
-                     dR + 2 * H * H, H);
+    gradient_gemm<T>(p, true, H, H, rows, dxp + oo, a.dxp_ld, side, H, dR + 2 * H * H, H);
   }
 }
 

@@ -131,8 +131,8 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
 
 template <class T>
 void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
-  parallel_gemm<T>(true, false, 4 * p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp),
-                   a.dxp_ld, hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
+  gradient_gemm<T>(p, true, 4 * p.H, p.H, p.T * p.N, static_cast<const T*>(a.dxp), a.dxp_ld, hm_all,
+                   p.H, static_cast<T*>(a.dR), p.H);
 }
 
 RNNCORE_INSTANTIATE_CELL(lstm, float)

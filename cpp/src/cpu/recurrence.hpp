@@ -74,6 +74,20 @@ void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_
   parallel_gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
 }
 
+// The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
+// storage, on AMX tiles with split operands where the CPU has them (FusedOps::split_gemm),
+// else parallel_gemm.
+template <class T>
+void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
+                   int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto split = fused_kernels().f32.split_gemm;
+    if (p.storage == DType::BFloat16 && split)
+      return split(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
+  }
+  parallel_gemm<T>(trans_a, false, M, n, K, T(1), A, lda, B, ldb, T(0), C, ldc);
+}
+
 // The state entering step s of a backward pass, from forward outputs (at output time).
 template <class T>
 Rows<const T> previous_fwd(const void* h0, int64_t h0_ld, const void* fwd, int64_t fwd_ld,

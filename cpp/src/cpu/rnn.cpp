@@ -70,8 +70,8 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
 
 template <class T>
 void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
-  parallel_gemm<T>(true, false, p.H, p.H, p.T * p.N, T(1), static_cast<const T*>(a.dxp), a.dxp_ld,
-                   hm_all, p.H, T(0), static_cast<T*>(a.dR), p.H);
+  gradient_gemm<T>(p, true, p.H, p.H, p.T * p.N, static_cast<const T*>(a.dxp), a.dxp_ld, hm_all,
+                   p.H, static_cast<T*>(a.dR), p.H);
 }
 
 RNNCORE_INSTANTIATE_CELL(rnn, float)

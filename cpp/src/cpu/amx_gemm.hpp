@@ -1,0 +1,307 @@
+// The float32 GEMMs of bfloat16 storage's gradients (dX, dW, dR) on AMX-BF16 tiles, each
+// operand split into bfloat16 hi + lo (x = hi + lo to 16 significant bits): C = Ahi·Bhi +
+// Alo·Bhi + Ahi·Blo with float32 sums (the lo·lo term, 2^-16 of the others, is dropped; a
+// split whose lo parts are all zero, as for the bfloat16 arrays themselves, is skipped). The
+// result is within ~2^-16 relative of the float32 GEMM, far below the bfloat16 rounding of
+// the results. The packing passes are memory-bound and the tiles stream from L2, so it is
+// ~2× OpenBLAS's SGEMM with one exact operand and about even with none. Compiled into the
+// avx512amx variant only (fused_isa.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "cpu/thread_pool.hpp"
+
+namespace rnncore::cpu {
+namespace {
+
+struct AmxGemm {
+  // Operands are packed by tiles of 1 KiB, contiguous: A by blocks of 16 rows × 32 k
+  // (bfloat16, k fastest), B by blocks of 16 pairs of k × 16 columns (each column's pair
+  // side by side, as the tile instruction reads it). Block (i, kb) of an operand with KB
+  // k-blocks sits at (i * KB + kb) * 512 elements; the lo parts follow all the hi parts.
+  static constexpr int64_t kTile = 512;
+
+  struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  };
+
+  // (GCC 12's unmasked forms of these read an uninitialised source: -Wmaybe-uninitialized)
+  static constexpr __mmask16 kAll = 0xFFFF;
+  static constexpr __mmask8 kAll8 = 0xFF;
+  static __m512i widen16(__m256i v) { return _mm512_maskz_cvtepu16_epi32(kAll, v); }
+  static __m512i shl(__m512i v, unsigned n) { return _mm512_maskz_slli_epi32(kAll, v, n); }
+
+  static __mmask16 lanes(int64_t c) {
+    return __mmask16(c >= 16 ? 0xFFFF : c <= 0 ? 0 : (1u << c) - 1);
+  }
+  // hi = bfloat16(x) (nearest even), lo = bfloat16(x - hi); lo = 0 where hi is not finite
+  // (an infinity keeps its sign instead of turning into NaN).
+  static void split(__m512 x, __m256i& hi, __m256i& lo) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    const __m512 hf = _mm512_castsi512_ps(shl(widen16(h), 16));
+    const __mmask16 finite =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(hf), _mm512_set1_ps(__builtin_inff()), _CMP_LT_OQ);
+    hi = h;
+    lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, hf));
+  }
+
+  // Row-block i of A [M, K] (k contiguous, lda apart) into KB blocks of 16 × 32.
+  static bool pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t KB,
+                          uint16_t* hi, uint16_t* lo) {
+    __m512i any = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      uint16_t* th = hi + (i * KB + kb) * kTile;
+      uint16_t* tl = lo + (i * KB + kb) * kTile;
+      const int64_t k0 = kb * 32;
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t m = i * 16 + r;
+        __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
+        if (m < M) {
+          const float* row = A + m * lda + k0;
+          split(_mm512_maskz_loadu_ps(lanes(K - k0), row), h0, l0);
+          split(_mm512_maskz_loadu_ps(lanes(K - k0 - 16), row + 16), h1, l1);
+        }
+        const __m512i h = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(h0), h1, 1);
+        const __m512i l = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(l0), l1, 1);
+        _mm512_storeu_si512(th + r * 32, h);
+        _mm512_storeu_si512(tl + r * 32, l);
+        any = _mm512_or_si512(any, l);
+      }
+    }
+    return _mm512_test_epi32_mask(any, any) != 0;
+  }
+
+  // Rows 2q and 2q+1 of X [K, n] (ld apart, columns c0 .. c0+15) as 16 pairs (32-bit lanes
+  // by column) of hi and of lo; rows past K are zero.
+  static void pairs_of_rows(const float* X, int64_t ld, int64_t K, int64_t n, int64_t c0, int64_t k,
+                            __m512i& hi, __m512i& lo) {
+    const __mmask16 m = lanes(n - c0);
+    __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
+    if (k < K) split(_mm512_maskz_loadu_ps(m, X + k * ld + c0), h0, l0);
+    if (k + 1 < K) split(_mm512_maskz_loadu_ps(m, X + (k + 1) * ld + c0), h1, l1);
+    // interleave: lane c = (row k, column c) | (row k + 1, column c) << 16
+    hi = _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
+    lo = _mm512_or_si512(widen16(l0), shl(widen16(l1), 16));
+  }
+
+  // Column-block j of B [K, n] (row-major, ldb apart) into KB blocks of 16 pairs × 16.
+  static bool pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t KB,
+                     uint16_t* hi, uint16_t* lo) {
+    __m512i any = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      uint16_t* th = hi + (j * KB + kb) * kTile;
+      uint16_t* tl = lo + (j * KB + kb) * kTile;
+      for (int64_t q = 0; q < 16; ++q) {
+        __m512i h, l;
+        pairs_of_rows(B, ldb, K, n, j * 16, kb * 32 + 2 * q, h, l);
+        _mm512_storeu_si512(th + q * 32, h);
+        _mm512_storeu_si512(tl + q * 32, l);
+        any = _mm512_or_si512(any, l);
+      }
+    }
+    return _mm512_test_epi32_mask(any, any) != 0;
+  }
+
+  // r[i] lane j = r[j] lane i (16 × 16, 32-bit lanes).
+  static void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int a = 0; a < 16; a += 2) {
+      t[a] = _mm512_maskz_unpacklo_epi32(kAll, r[a], r[a + 1]);
+      t[a + 1] = _mm512_maskz_unpackhi_epi32(kAll, r[a], r[a + 1]);
+    }
+    // u[4g + c], 128-bit lane l: column 4l + c of rows 4g .. 4g + 3
+    for (int g = 0; g < 16; g += 4) {
+      u[g] = _mm512_maskz_unpacklo_epi64(kAll8, t[g], t[g + 2]);
+      u[g + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[g], t[g + 2]);
+      u[g + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[g + 1], t[g + 3]);
+      u[g + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[g + 1], t[g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i x = _mm512_maskz_shuffle_i32x4(kAll, u[c], u[4 + c], 0x88);
+      const __m512i y = _mm512_maskz_shuffle_i32x4(kAll, u[c], u[4 + c], 0xDD);
+      const __m512i x2 = _mm512_maskz_shuffle_i32x4(kAll, u[8 + c], u[12 + c], 0x88);
+      const __m512i y2 = _mm512_maskz_shuffle_i32x4(kAll, u[8 + c], u[12 + c], 0xDD);
+      r[c] = _mm512_maskz_shuffle_i32x4(kAll, x, x2, 0x88);
+      r[4 + c] = _mm512_maskz_shuffle_i32x4(kAll, y, y2, 0x88);
+      r[8 + c] = _mm512_maskz_shuffle_i32x4(kAll, x, x2, 0xDD);
+      r[12 + c] = _mm512_maskz_shuffle_i32x4(kAll, y, y2, 0xDD);
+    }
+  }
+
+  // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart): the pairs of rows of X, then
+  // transposed so that each of the block's 16 rows holds its 16 pairs of k.
+  static bool pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t KB,
+                          uint16_t* hi, uint16_t* lo) {
+    __m512i any = _mm512_setzero_si512();
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      __m512i h[16], l[16];
+      for (int64_t q = 0; q < 16; ++q)
+        pairs_of_rows(X, ld, K, M, i * 16, kb * 32 + 2 * q, h[q], l[q]);
+      transpose16(h);
+      transpose16(l);
+      uint16_t* th = hi + (i * KB + kb) * kTile;
+      uint16_t* tl = lo + (i * KB + kb) * kTile;
+      for (int r = 0; r < 16; ++r) {
+        _mm512_storeu_si512(th + r * 32, h[r]);
+        _mm512_storeu_si512(tl + r * 32, l[r]);
+        any = _mm512_or_si512(any, l[r]);
+      }
+    }
+    return _mm512_test_epi32_mask(any, any) != 0;
+  }
+
+  // Cp[32 × 32 block (bi, bj)] (+)= the products of k-blocks [kb0, kb1).
+  static void block(const uint16_t* A, const uint16_t* Alo, const uint16_t* B, const uint16_t* Blo,
+                    int64_t KB, int64_t bi, int64_t bj, int64_t kb0, int64_t kb1, float* Cp,
+                    int64_t ldp) {
+    float* c = Cp + bi * 32 * ldp + bj * 32;
+    const int64_t sc = ldp * 4;
+    if (kb0 == 0) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, c, sc);
+      _tile_loadd(1, c + 16, sc);
+      _tile_loadd(2, c + 16 * ldp, sc);
+      _tile_loadd(3, c + 16 * ldp + 16, sc);
+    }
+    const int64_t a0 = (2 * bi * KB) * kTile, a1 = a0 + KB * kTile;
+    const int64_t b0 = (2 * bj * KB) * kTile, b1 = b0 + KB * kTile;
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const int64_t o = kb * kTile;
+      _tile_loadd(4, A + a0 + o, 64);
+      _tile_loadd(5, A + a1 + o, 64);
+      _tile_loadd(6, B + b0 + o, 64);
+      _tile_loadd(7, B + b1 + o, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+      if (Alo) {
+        _tile_loadd(4, Alo + a0 + o, 64);
+        _tile_loadd(5, Alo + a1 + o, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      if (Blo) {
+        if (Alo) {
+          _tile_loadd(4, A + a0 + o, 64);
+          _tile_loadd(5, A + a1 + o, 64);
+        }
+        _tile_loadd(6, Blo + b0 + o, 64);
+        _tile_loadd(7, Blo + b1 + o, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * ldp, sc);
+    _tile_stored(3, c + 16 * ldp + 16, sc);
+  }
+
+  static void configure() {
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+  }
+
+  // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major.
+  static void gemm(bool trans_a, int64_t M, int64_t n, int64_t K, const float* A, int64_t lda,
+                   const float* B, int64_t ldb, float* C, int64_t ldc) {
+    if (M == 0 || n == 0) return;
+    if (K == 0) {
+      for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + n, 0.0f);
+      return;
+    }
+    // Aᵀ B with fewer columns than rows: computed as (Bᵀ A)ᵀ, so that the transposed
+    // operand (the costlier to pack) is the smaller one.
+    const bool swap = trans_a && n < M;
+    const int64_t Mc = swap ? n : M, Nc = swap ? M : n;
+    const int64_t MB = (Mc + 31) / 32 * 2, NB = (Nc + 31) / 32 * 2, KB = (K + 31) / 32;
+    // C itself takes the tiles when it is made of whole blocks; else a padded copy does.
+    const bool direct = !swap && M % 32 == 0 && n % 32 == 0;
+    const int64_t ldp = direct ? ldc : NB * 16;
+    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(2 * MB * KB * kTile)]);
+    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB * KB * kTile)]);
+    std::unique_ptr<float[]> Cpad(direct ? nullptr : new float[static_cast<size_t>(MB * 16 * ldp)]);
+    float* Cp = direct ? C : Cpad.get();
+    uint16_t* Ahi = Ap.get();
+    uint16_t* Alo = Ahi + MB * KB * kTile;
+    uint16_t* Bhi = Bp.get();
+    uint16_t* Blo = Bhi + NB * KB * kTile;
+    std::atomic<bool> a_lo{false}, b_lo{false};
+    ThreadPool& pool = ThreadPool::instance();
+    pool.parallel_for(MB + NB, [&](int64_t t) {
+      bool lo;
+      if (t < MB) {
+        if (swap)
+          lo = pack_a_cols(B, ldb, Mc, K, t, KB, Ahi, Alo);
+        else if (trans_a)
+          lo = pack_a_cols(A, lda, Mc, K, t, KB, Ahi, Alo);
+        else
+          lo = pack_a_rows(A, lda, Mc, K, t, KB, Ahi, Alo);
+        if (lo) a_lo.store(true, std::memory_order_relaxed);
+      } else {
+        lo = swap ? pack_b(A, lda, K, Nc, t - MB, KB, Bhi, Blo)
+                  : pack_b(B, ldb, K, Nc, t - MB, KB, Bhi, Blo);
+        if (lo) b_lo.store(true, std::memory_order_relaxed);
+      }
+    });
+    const uint16_t* alo = a_lo.load() ? Alo : nullptr;
+    const uint16_t* blo = b_lo.load() ? Blo : nullptr;
+    // K in chunks whose packed rows of the resident (smaller) operand stay in L2 (about
+    // 512 KiB); the other operand's 32-wide blocks stream past them, claimed by the threads.
+    const bool rows_resident = MB <= NB;
+    const int64_t resident = rows_resident ? MB : NB, streamed = rows_resident ? NB : MB;
+    const int64_t per_kb = resident * kTile * 2 * (rows_resident ? (alo ? 2 : 1) : (blo ? 2 : 1));
+    const int64_t KC = std::max<int64_t>(1, std::min<int64_t>(KB, (int64_t(512) << 10) / per_kb));
+    for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
+      const int64_t kb1 = std::min(KB, kb0 + KC);
+      pool.parallel_for(streamed / 2, [&](int64_t s) {
+        configure();
+        for (int64_t r = 0; r < resident / 2; ++r) {
+          const int64_t bi = rows_resident ? r : s, bj = rows_resident ? s : r;
+          block(Ahi, alo, Bhi, blo, KB, bi, bj, kb0, kb1, Cp, ldp);
+        }
+        _tile_release();
+      });
+    }
+    const float* cp = Cp;
+    if (direct) return;
+    if (!swap) {
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(C + m * ldc, cp + m * ldp, static_cast<size_t>(n) * sizeof(float));
+    } else {  // Cp holds Cᵀ [n, M] (padded: whole 16 × 16 blocks to read)
+      pool.parallel_for((M + 15) / 16, [&](int64_t b) {
+        const int64_t m0 = b * 16;
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(cp + (j0 + i) * ldp + m0);
+          transpose16(r);
+          for (int64_t m = m0; m < std::min(M, m0 + 16); ++m)
+            _mm512_mask_storeu_epi32(C + m * ldc + j0, lanes(n - j0), r[m - m0]);
+        }
+      });
+    }
+  }
+};
+
+}  // namespace
+}  // namespace rnncore::cpu
