@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 from cases import (
+    BFLOAT16,
     GRADIENT_FIELDS,
     KINDS,
     make_cotangents,
@@ -55,7 +56,7 @@ def shapes_for(device):
 
 
 def dtypes_for(device):
-    return [dt for dt in (np.float32, np.float64, np.float16) if supported(device, dt)]
+    return [dt for dt in (np.float32, np.float64, np.float16, BFLOAT16) if supported(device, dt)]
 
 
 def variants(kind):

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "cpu/thread_pool.hpp"
 
@@ -93,18 +94,18 @@ struct AmxGemm {
     lo = _mm512_or_si512(widen16(l0), shl(widen16(l1), 16));
   }
 
-  // Column-block j of B [K, n] (row-major, ldb apart) into KB blocks of 16 pairs × 16.
+  // Column-block j of B [K, n] (row-major, ldb apart) into KB blocks of 16 pairs × 16 (lo
+  // null: the hi parts only).
   static bool pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t KB,
                      uint16_t* hi, uint16_t* lo) {
     __m512i any = _mm512_setzero_si512();
     for (int64_t kb = 0; kb < KB; ++kb) {
       uint16_t* th = hi + (j * KB + kb) * kTile;
-      uint16_t* tl = lo + (j * KB + kb) * kTile;
       for (int64_t q = 0; q < 16; ++q) {
         __m512i h, l;
         pairs_of_rows(B, ldb, K, n, j * 16, kb * 32 + 2 * q, h, l);
         _mm512_storeu_si512(th + q * 32, h);
-        _mm512_storeu_si512(tl + q * 32, l);
+        if (lo) _mm512_storeu_si512(lo + (j * KB + kb) * kTile + q * 32, l);
         any = _mm512_or_si512(any, l);
       }
     }
@@ -300,6 +301,104 @@ struct AmxGemm {
         }
       });
     }
+  }
+
+  // ---- the backward steps' product with R (bfloat16 storage: R exact in bfloat16) -------
+  // B [K, n] as tiles of its bfloat16 values (its hi parts; lo is zero for such a B).
+  static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
+    const int64_t KB = (K + 31) / 32;
+    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, KB, out, nullptr);
+  }
+
+  // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two
+  // tile products per pair of k. Each row's sums involve only that row, so a row's bits do
+  // not depend on the other rows of the call (the slices of the backward).
+  static void matmul_tiles(const float* A, int64_t lda, int64_t M, int64_t K,
+                           const uint16_t* packed, int64_t n, float* C, int64_t ldc,
+                           bool accumulate) {
+    if (M <= 0 || n <= 0) return;
+    const int64_t KB = (K + 31) / 32, NB = (n + 15) / 16;
+    thread_local std::vector<uint16_t> buf;
+    buf.resize(static_cast<size_t>(2 * KB * kTile));
+    uint16_t* Ah = buf.data();
+    uint16_t* Al = Ah + KB * kTile;
+    alignas(64) float edge[4][16 * 16];  // column blocks narrower than 16
+    int configured = 0;
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+      const int rows = static_cast<int>(std::min<int64_t>(16, M - m0));
+      pack_a_rows(A + m0 * lda, lda, rows, K, 0, KB, Ah, Al);
+      if (rows != configured) {
+        TileConfig cfg{};
+        cfg.palette = 1;
+        for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? rows : 16;
+        _tile_loadconfig(&cfg);
+        configured = rows;
+      }
+      float* c = C + m0 * ldc;
+      for (int64_t j0 = 0; j0 < NB; j0 += 4) {
+        const int64_t nb = std::min<int64_t>(4, NB - j0);
+        // Where tile t of this pass reads and writes C: in place when 16 columns wide.
+        float* at[4];
+        int64_t st[4];
+        for (int64_t t = 0; t < nb; ++t) {
+          const int64_t col = (j0 + t) * 16, w = std::min<int64_t>(16, n - col);
+          if (w == 16) {
+            at[t] = c + col, st[t] = ldc * 4;
+          } else {
+            at[t] = edge[t], st[t] = 64;
+            for (int r = 0; r < rows; ++r)
+              for (int64_t x = 0; x < 16; ++x)
+                edge[t][r * 16 + x] = accumulate && x < w ? c[r * ldc + col + x] : 0.0f;
+          }
+        }
+        if (accumulate) {  // (an edge block without accumulate: its scratch holds zeros)
+          _tile_loadd(0, at[0], st[0]);
+          if (nb > 1) _tile_loadd(1, at[1], st[1]);
+          if (nb > 2) _tile_loadd(2, at[2], st[2]);
+          if (nb > 3) _tile_loadd(3, at[3], st[3]);
+        } else {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        }
+        const uint16_t* b = packed + j0 * KB * kTile;
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const int64_t o = kb * kTile;
+          _tile_loadd(4, Ah + o, 64);
+          _tile_loadd(5, Al + o, 64);
+          _tile_loadd(6, b + o, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(0, 5, 6);
+          if (nb > 1) {
+            _tile_loadd(7, b + KB * kTile + o, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(1, 5, 7);
+          }
+          if (nb > 2) {
+            _tile_loadd(6, b + 2 * KB * kTile + o, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+          }
+          if (nb > 3) {
+            _tile_loadd(7, b + 3 * KB * kTile + o, 64);
+            _tile_dpbf16ps(3, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        _tile_stored(0, at[0], st[0]);
+        if (nb > 1) _tile_stored(1, at[1], st[1]);
+        if (nb > 2) _tile_stored(2, at[2], st[2]);
+        if (nb > 3) _tile_stored(3, at[3], st[3]);
+        for (int64_t t = 0; t < nb; ++t)
+          if (at[t] == edge[t]) {
+            const int64_t col = (j0 + t) * 16, w = n - col;
+            for (int r = 0; r < rows; ++r)
+              for (int64_t x = 0; x < w; ++x) c[r * ldc + col + x] = edge[t][r * 16 + x];
+          }
+      }
+    }
+    _tile_release();
   }
 };
 

@@ -127,20 +127,26 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
   std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(p.D * groups * 4 * H) : 0,
                     T(0));
-  // R packed once per direction for the per-step products.
+  // R packed once per direction for the per-step products: for bfloat16 storage on AMX as
+  // tiles (R's values are bfloat16), else as the fused kernels' column panels.
+  const auto& ops = fused_kernels().ops<T>();
+  const bool tiles = p.storage == DType::BFloat16 && ops.matmul_tiles;
   std::vector<T> packed[2], packed_o[2];
+  const auto pack = [&](const T* B, int64_t K, std::vector<T>& out) {
+    if (tiles) {  // (uint16_t tiles in a T buffer)
+      out.resize(static_cast<size_t>((tiles_size(K, H) * 2 + sizeof(T) - 1) / sizeof(T)));
+      ops.pack_tiles(B, K, H, reinterpret_cast<uint16_t*>(out.data()));
+    } else {
+      out.resize(static_cast<size_t>(packed_columns_size<T>(K, H)));
+      ops.pack_columns(B, K, H, out.data());
+    }
+  };
   if (!blas_path_forced())
     for (int64_t d = 0; d < p.D; ++d) {
       const T* R = static_cast<const T*>(dirs[d].R);
       const bool split = p.op == detail::OpKind::Gru && !p.gru.reset_after;
-      const int64_t K = split ? 2 * H : p.G * H;
-      const auto& ops = fused_kernels().ops<T>();
-      packed[d].resize(static_cast<size_t>(packed_columns_size<T>(K, H)));
-      ops.pack_columns(R, K, H, packed[d].data());
-      if (split) {
-        packed_o[d].resize(static_cast<size_t>(packed_columns_size<T>(H, H)));
-        ops.pack_columns(R + 2 * H * H, H, H, packed_o[d].data());
-      }
+      pack(R, split ? 2 * H : p.G * H, packed[d]);
+      if (split) pack(R + 2 * H * H, H, packed_o[d]);
     }
   // A single slice runs on the caller, leaving the pool to its per-step products.
   pool.parallel_for(slices, [&](int64_t k) {
@@ -152,7 +158,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
                         side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
                         dP.empty() ? nullptr : dP.data() + (d * groups + n0 / kProductRows) * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
-                        packed_o[d].empty() ? nullptr : packed_o[d].data()};
+                        packed_o[d].empty() ? nullptr : packed_o[d].data(),
+                        tiles};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   });
   for (int64_t d = 0; d < p.D; ++d) {

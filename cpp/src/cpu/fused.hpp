@@ -52,6 +52,12 @@ struct FusedOps {
   // the gradient GEMMs of bfloat16 storage.
   void (*split_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
                      const T* B, int64_t ldb, T* C, int64_t ldc);
+  // The backward steps' product for bfloat16 storage on AMX (null without): pack_tiles packs
+  // B [K, n], whose values are bfloat16 (R of bfloat16 storage), into tiles_size(K, n)
+  // elements; matmul_tiles is matmul on them with A split into bfloat16 hi + lo.
+  void (*pack_tiles)(const T* B, int64_t K, int64_t n, uint16_t* out);
+  void (*matmul_tiles)(const T* A, int64_t lda, int64_t M, int64_t K, const uint16_t* packed,
+                       int64_t n, T* C, int64_t ldc, bool accumulate);
   // Whether the fused forward reads float16 / bfloat16 storage's R in 16 bits (then it
   // needs no float32 copy of R).
   bool narrow_panels;
@@ -79,6 +85,11 @@ int64_t packed_columns_size(int64_t K, int64_t n) {
   const int64_t w = fused_kernels().ops<T>().width;
   return (n + w - 1) / w * w * K;
 }
+
+// Elements pack_tiles writes for B [K, n]: tiles of 16 columns × 16 pairs of k.
+inline int64_t tiles_size(int64_t K, int64_t n) { return (n + 15) / 16 * ((K + 31) / 32) * 512; }
+// Columns per tile of matmul_tiles' packed operand (its chunks start at multiples of it).
+constexpr int64_t kTileColumns = 16;
 
 // Runs the forward recurrence of every direction on the pool.
 void fused_forward(const detail::Problem& p, const DirectionForward* dirs);

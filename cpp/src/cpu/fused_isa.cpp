@@ -15,31 +15,32 @@
 namespace rnncore::cpu {
 namespace {
 
-template <class T>
-constexpr auto split_gemm() {
-  using Fn = decltype(FusedOps<T>::split_gemm);
-#if RNNCORE_FUSED_AMX
-  if constexpr (std::is_same_v<T, float>) return Fn(&AmxGemm::gemm);
-#endif
-  return Fn(nullptr);
-}
-
 template <class T, int W>
 FusedOps<T> ops() {
   using F = Fused<T, W>;
-  return {W,
-          &F::pack,
-          &F::step,
-          &F::phases,
-          &F::block,
-          &F::workspace,
-          &F::pack_columns,
-          &F::matmul,
-          F::kDotBf16 ? &F::pack_pairs_rows : nullptr,
-          F::kDotBf16 ? &F::gemm_pairs : nullptr,
-          F::kPairPanels * W,
-          split_gemm<T>(),
-          F::kHalfPanels};
+  FusedOps<T> o{W,
+                &F::pack,
+                &F::step,
+                &F::phases,
+                &F::block,
+                &F::workspace,
+                &F::pack_columns,
+                &F::matmul,
+                F::kDotBf16 ? &F::pack_pairs_rows : nullptr,
+                F::kDotBf16 ? &F::gemm_pairs : nullptr,
+                F::kPairPanels * W,
+                nullptr,
+                nullptr,
+                nullptr,
+                F::kHalfPanels};
+#if RNNCORE_FUSED_AMX
+  if constexpr (std::is_same_v<T, float>) {  // bfloat16 storage's gradients (amx_gemm.hpp)
+    o.split_gemm = &AmxGemm::gemm;
+    o.pack_tiles = &AmxGemm::pack_tiles;
+    o.matmul_tiles = &AmxGemm::matmul_tiles;
+  }
+#endif
+  return o;
 }
 
 }  // namespace

@@ -153,9 +153,10 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       }
     }
     if (p.gru.reset_after) {
-      step_product<T>(dg, G3, N, G3, R, sl.packed_R, H, dh_next, H, false);
+      step_product<T>(dg, G3, N, G3, R, sl.packed_R, sl.tiles, H, dh_next, H, false);
     } else {
-      step_product<T>(dx + oo, a.dxp_ld, N, H, R + 2 * H * H, sl.packed_Ro, H, du, H, false);
+      step_product<T>(dx + oo, a.dxp_ld, N, H, R + 2 * H * H, sl.packed_Ro, sl.tiles, H, du, H,
+                      false);
       for (int64_t n = 0; n < N; ++n) {
         const T* r = rbuf + n * H;
         const T* dr = drbuf + n * H;
@@ -169,7 +170,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
           dh_next[n * H + j] = dur[j] * r[j];
         }
       }
-      step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, H, dh_next, H, true);
+      step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, sl.tiles, H, dh_next, H, true);
     }
     apply_mask(a, dh_next, N, H);
     for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];

@@ -155,26 +155,36 @@ struct BackwardSlice {
   // two products separately: packed_R = R[0:2H], packed_Ro = R[2H:3H].
   const T* packed_R;
   const T* packed_Ro;
+  bool tiles;  // packed by FusedOps::pack_tiles (bfloat16 storage on AMX), not pack_columns
 };
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
-// operand was packed, else BLAS. Big enough products (a backward slice that runs alone,
-// batch 1) are split into chunks of column panels that the pool's threads claim; inside a
-// pool job the pool is busy and the caller runs every chunk. Each column's arithmetic is
+// operand was packed (as AMX tiles with `tiles`), else BLAS. Big enough products (a backward slice
+// that runs alone, batch 1) are split into chunks of column panels that the pool's threads claim;
+// inside a pool job the pool is busy and the caller runs every chunk. Each column's arithmetic is
 // the same whichever chunk it is in.
 template <class T>
 void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
-                  int64_t n, T* C, int64_t ldc, bool accumulate) {
+                  bool tiles, int64_t n, T* C, int64_t ldc, bool accumulate) {
   if (packed) {
     const auto& ops = fused_kernels().ops<T>();
-    const int64_t w = ops.width, panels = (n + w - 1) / w;
+    const int64_t w = tiles ? kTileColumns : ops.width, panels = (n + w - 1) / w;
+    // A panel's share of the packed operand, and the product of panels [b0, b0 + columns/w).
+    const auto part = [&](int64_t b0, int64_t j0, int64_t columns) {
+      if (tiles)
+        ops.matmul_tiles(A, lda, M, K,
+                         reinterpret_cast<const uint16_t*>(packed) + b0 * tiles_size(K, w), columns,
+                         C + j0, ldc, accumulate);
+      else
+        ops.matmul(A, lda, M, K, packed + b0 * K * w, columns, C + j0, ldc, accumulate);
+    };
     // About 64k multiply-adds a chunk or more: below that a claim costs more than it saves.
     const int64_t chunks = std::min<int64_t>({panels, 8, std::max<int64_t>(1, (M * K * n) >> 16)});
-    if (chunks < 2) return ops.matmul(A, lda, M, K, packed, n, C, ldc, accumulate);
+    if (chunks < 2) return part(0, 0, n);
     ThreadPool::instance().parallel_for(chunks, [&](int64_t i) {
       const int64_t b0 = panels * i / chunks, b1 = panels * (i + 1) / chunks;
       const int64_t j0 = b0 * w, j1 = std::min(n, b1 * w);
-      if (j1 > j0) ops.matmul(A, lda, M, K, packed + b0 * K * w, j1 - j0, C + j0, ldc, accumulate);
+      if (j1 > j0) part(b0, j0, j1 - j0);
     });
     return;
   }
@@ -195,8 +205,8 @@ void end_step(const Problem& p, const DirectionBackward& a, const BackwardSlice<
   else if (a.h0)
     hp = {static_cast<const T*>(a.h0), a.h0_ld};
   store_masked(a, hp, N, H, sl.hm_all + tin * p.N * H);
-  step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, H, dh_next, H,
-                  false);
+  step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, sl.tiles, H, dh_next,
+                  H, false);
   apply_mask(a, dh_next, N, H);
 }
 
