@@ -5,7 +5,8 @@
 // result is within ~2^-16 relative of the float32 GEMM, far below the bfloat16 rounding of
 // the results. The packing passes are memory-bound and the tiles stream from L2, so it is
 // ~2× OpenBLAS's SGEMM with one exact operand and about even with none. Compiled into the
-// avx512amx variant only (fused_isa.cpp).
+// avx512amx variant only (included by fused_kernels.hpp there), with the tile configuration
+// that all the variant's tile code shares.
 #pragma once
 
 #include <immintrin.h>
@@ -22,18 +23,31 @@
 namespace rnncore::cpu {
 namespace {
 
+// This thread's tile configuration: tiles 0-5 (accumulators and left operands) of `rows`
+// rows, 6-7 (right operands) of 16, all 64 bytes wide. Loading one costs ~130 ns here (10-20
+// tile products), so it is loaded only when the rows change and never released: the tiles
+// stay configured between calls (the OS saves a thread's tile state at a context switch).
+inline void amx_configure(int rows) {
+  struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  };
+  thread_local int current = 0;
+  if (rows == current) return;
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = uint8_t(t < 6 ? rows : 16);
+  _tile_loadconfig(&cfg);
+  current = rows;
+}
+
 struct AmxGemm {
   // Operands are packed by tiles of 1 KiB, contiguous: A by blocks of 16 rows × 32 k
   // (bfloat16, k fastest), B by blocks of 16 pairs of k × 16 columns (each column's pair
   // side by side, as the tile instruction reads it). Block (i, kb) of an operand with KB
   // k-blocks sits at (i * KB + kb) * 512 elements; the lo parts follow all the hi parts.
   static constexpr int64_t kTile = 512;
-
-  struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  };
 
   // (GCC 12's unmasked forms of these read an uninitialised source: -Wmaybe-uninitialized)
   static constexpr __mmask16 kAll = 0xFFFF;
@@ -216,13 +230,6 @@ struct AmxGemm {
     _tile_stored(3, c + 16 * ldp + 16, sc);
   }
 
-  static void configure() {
-    TileConfig cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
-  }
-
   // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major.
   static void gemm(bool trans_a, int64_t M, int64_t n, int64_t K, const float* A, int64_t lda,
                    const float* B, int64_t ldb, float* C, int64_t ldc) {
@@ -276,12 +283,11 @@ struct AmxGemm {
     for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
       const int64_t kb1 = std::min(KB, kb0 + KC);
       pool.parallel_for(streamed / 2, [&](int64_t s) {
-        configure();
+        amx_configure(16);
         for (int64_t r = 0; r < resident / 2; ++r) {
           const int64_t bi = rows_resident ? r : s, bj = rows_resident ? s : r;
           block(Ahi, alo, Bhi, blo, KB, bi, bj, kb0, kb1, Cp, ldp);
         }
-        _tile_release();
       });
     }
     const float* cp = Cp;
@@ -323,17 +329,10 @@ struct AmxGemm {
     uint16_t* Ah = buf.data();
     uint16_t* Al = Ah + KB * kTile;
     alignas(64) float edge[4][16 * 16];  // column blocks narrower than 16
-    int configured = 0;
     for (int64_t m0 = 0; m0 < M; m0 += 16) {
       const int rows = static_cast<int>(std::min<int64_t>(16, M - m0));
       pack_a_rows(A + m0 * lda, lda, rows, K, 0, KB, Ah, Al);
-      if (rows != configured) {
-        TileConfig cfg{};
-        cfg.palette = 1;
-        for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? rows : 16;
-        _tile_loadconfig(&cfg);
-        configured = rows;
-      }
+      amx_configure(rows);
       float* c = C + m0 * ldc;
       for (int64_t j0 = 0; j0 < NB; j0 += 4) {
         const int64_t nb = std::min<int64_t>(4, NB - j0);
@@ -398,7 +397,6 @@ struct AmxGemm {
           }
       }
     }
-    _tile_release();
   }
 };
 

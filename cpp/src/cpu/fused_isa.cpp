@@ -3,9 +3,6 @@
 // avx512amx), the float32 vector width RNNCORE_ISA_WIDTH and RNNCORE_ISA_F64 (whether it has
 // float64 kernels of its own); fused.cpp picks one at load time.
 #include "cpu/fused_kernels.hpp"
-#if RNNCORE_FUSED_AMX
-#include "cpu/amx_gemm.hpp"
-#endif
 
 #define RNNCORE_PASTE(a, b) a##b
 #define RNNCORE_ENTRY(isa) RNNCORE_PASTE(fused_kernels_, isa)

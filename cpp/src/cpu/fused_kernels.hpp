@@ -45,6 +45,9 @@
 #else
 #define RNNCORE_FUSED_AMX 0
 #endif
+#if RNNCORE_FUSED_AMX
+#include "cpu/amx_gemm.hpp"  // the tile configuration, and the gradients' tile products
+#endif
 
 namespace rnncore::cpu {
 // A bfloat16 element of R's panels (its bits), told apart from a float16 one (uint16_t).
@@ -182,13 +185,8 @@ struct Fused {  // S: the scalar type
   }
 
 #if RNNCORE_FUSED_AMX
-  // Every tile 16 rows of 64 bytes: C 16 × 16 float32, A 16 rows × 16 pairs, B 16 pairs of
-  // k × 16 columns (a panel's gate block, as packed).
-  struct alignas(64) TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  };
+  // Tiles (amx_configure): C 16 × 16 float32, A 16 rows × 16 pairs, B 16 pairs of k × 16
+  // columns (a panel's gate block, as packed).
   // out[r][g][w] = A[r, :K16] · panel for rows [0, N) (K16 a multiple of 16 pairs): tiles
   // 0..G-1 accumulate the G gates, 4 (and 5, the lo pairs) hold A, 6 and 7 B; the rows past
   // a multiple of 16 by tiles of fewer rows. The tile macros name their tiles by literal
@@ -201,16 +199,52 @@ struct Fused {  // S: the scalar type
                           const Pair* panel, S* out) {
     static_assert(G >= 1 && G <= 4, "four accumulator tiles");
     const int64_t sa = lda * 4, sb = G * W * 4, so = G * W * int64_t(sizeof(S));
-    int configured = 0;  // rows of the configured C and A tiles
-    for (int64_t n0 = 0; n0 < N; n0 += 16) {
-      const int rows = static_cast<int>(std::min<int64_t>(16, N - n0));
-      if (rows != configured) {
-        TileConfig cfg{};
-        cfg.palette = 1;
-        for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 6 ? rows : 16;
-        _tile_loadconfig(&cfg);
-        configured = rows;
+    int64_t n0 = 0;
+    // 32 rows at a time, by pairs of gates: tiles 0-3 are (rows + 16r, gate g + j) for r, j in
+    // {0, 1}, 4-5 the two row blocks, 6-7 the two gates, so each B tile serves 32 rows (half
+    // the loads from L2 of one block at a time). Per tile the same sums in the same order.
+    if (N >= 32) amx_configure(16);
+    for (; n0 + 32 <= N; n0 += 32)
+      for (int g = 0; g < G; g += 2) {
+        const bool two = g + 1 < G;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t k = 0; k < K16; k += 16) {
+          const Pair* a = A + n0 * lda + k;
+          const Pair* b = panel + k * G * W + g * W;
+          _tile_loadd(4, a, sa);
+          _tile_loadd(5, a + 16 * lda, sa);
+          _tile_loadd(6, b, sb);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) {
+            _tile_loadd(7, b + W, sb);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          if constexpr (Split) {
+            _tile_loadd(4, a + lo_off, sa);
+            _tile_loadd(5, a + lo_off + 16 * lda, sa);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two) {
+              _tile_dpbf16ps(1, 4, 7);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+        }
+        S* o = out + n0 * G * W + g * W;
+        _tile_stored(0, o, so);
+        _tile_stored(2, o + 16 * G * W, so);
+        if (two) {
+          _tile_stored(1, o + W, so);
+          _tile_stored(3, o + 16 * G * W + W, so);
+        }
       }
+    for (; n0 < N; n0 += 16) {
+      amx_configure(static_cast<int>(std::min<int64_t>(16, N - n0)));
       _tile_zero(0);
       if constexpr (G > 1) _tile_zero(1);
       if constexpr (G > 2) _tile_zero(2);
@@ -245,7 +279,6 @@ struct Fused {  // S: the scalar type
       if constexpr (G > 2) _tile_stored(2, o + 2 * W, so);
       if constexpr (G > 3) _tile_stored(3, o + 3 * W, so);
     }
-    _tile_release();  // back to the init state: no tile data to save at a context switch
   }
 #endif
 
