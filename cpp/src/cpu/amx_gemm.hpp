@@ -69,14 +69,15 @@ struct AmxGemm {
     lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, hf));
   }
 
-  // Row-block i of A [M, K] (k contiguous, lda apart) into KB blocks of 16 × 32.
-  static bool pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t KB,
-                          uint16_t* hi, uint16_t* lo) {
+  // Row-block i of A [M, K] (k contiguous, lda apart), k-blocks kb0 .. kb0 + KB - 1 of 32,
+  // into KB blocks of 16 × 32.
+  static bool pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t kb0,
+                          int64_t KB, uint16_t* hi, uint16_t* lo) {
     __m512i any = _mm512_setzero_si512();
     for (int64_t kb = 0; kb < KB; ++kb) {
       uint16_t* th = hi + (i * KB + kb) * kTile;
       uint16_t* tl = lo + (i * KB + kb) * kTile;
-      const int64_t k0 = kb * 32;
+      const int64_t k0 = (kb0 + kb) * 32;
       for (int64_t r = 0; r < 16; ++r) {
         const int64_t m = i * 16 + r;
         __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
@@ -108,16 +109,16 @@ struct AmxGemm {
     lo = _mm512_or_si512(widen16(l0), shl(widen16(l1), 16));
   }
 
-  // Column-block j of B [K, n] (row-major, ldb apart) into KB blocks of 16 pairs × 16 (lo
-  // null: the hi parts only).
-  static bool pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t KB,
-                     uint16_t* hi, uint16_t* lo) {
+  // Column-block j of B [K, n] (row-major, ldb apart), k-blocks kb0 .. kb0 + KB - 1, into KB
+  // blocks of 16 pairs × 16 (lo null: the hi parts only).
+  static bool pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t kb0,
+                     int64_t KB, uint16_t* hi, uint16_t* lo) {
     __m512i any = _mm512_setzero_si512();
     for (int64_t kb = 0; kb < KB; ++kb) {
       uint16_t* th = hi + (j * KB + kb) * kTile;
       for (int64_t q = 0; q < 16; ++q) {
         __m512i h, l;
-        pairs_of_rows(B, ldb, K, n, j * 16, kb * 32 + 2 * q, h, l);
+        pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q, h, l);
         _mm512_storeu_si512(th + q * 32, h);
         if (lo) _mm512_storeu_si512(lo + (j * KB + kb) * kTile + q * 32, l);
         any = _mm512_or_si512(any, l);
@@ -152,15 +153,15 @@ struct AmxGemm {
     }
   }
 
-  // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart): the pairs of rows of X, then
-  // transposed so that each of the block's 16 rows holds its 16 pairs of k.
-  static bool pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t KB,
-                          uint16_t* hi, uint16_t* lo) {
+  // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart), k-blocks kb0 .. kb0 + KB - 1:
+  // the pairs of rows of X, transposed so that each of the block's 16 rows holds its pairs.
+  static bool pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t kb0,
+                          int64_t KB, uint16_t* hi, uint16_t* lo) {
     __m512i any = _mm512_setzero_si512();
     for (int64_t kb = 0; kb < KB; ++kb) {
       __m512i h[16], l[16];
       for (int64_t q = 0; q < 16; ++q)
-        pairs_of_rows(X, ld, K, M, i * 16, kb * 32 + 2 * q, h[q], l[q]);
+        pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q, h[q], l[q]);
       transpose16(h);
       transpose16(l);
       uint16_t* th = hi + (i * KB + kb) * kTile;
@@ -174,13 +175,13 @@ struct AmxGemm {
     return _mm512_test_epi32_mask(any, any) != 0;
   }
 
-  // Cp[32 × 32 block (bi, bj)] (+)= the products of k-blocks [kb0, kb1).
+  // Cp[32 × 32 block (bi, bj)] = (or += with accumulate) the products of the KB k-blocks
+  // packed.
   static void block(const uint16_t* A, const uint16_t* Alo, const uint16_t* B, const uint16_t* Blo,
-                    int64_t KB, int64_t bi, int64_t bj, int64_t kb0, int64_t kb1, float* Cp,
-                    int64_t ldp) {
+                    int64_t KB, int64_t bi, int64_t bj, bool accumulate, float* Cp, int64_t ldp) {
     float* c = Cp + bi * 32 * ldp + bj * 32;
     const int64_t sc = ldp * 4;
-    if (kb0 == 0) {
+    if (!accumulate) {
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -193,7 +194,7 @@ struct AmxGemm {
     }
     const int64_t a0 = (2 * bi * KB) * kTile, a1 = a0 + KB * kTile;
     const int64_t b0 = (2 * bj * KB) * kTile, b1 = b0 + KB * kTile;
-    for (int64_t kb = kb0; kb < kb1; ++kb) {
+    for (int64_t kb = 0; kb < KB; ++kb) {
       const int64_t o = kb * kTile;
       _tile_loadd(4, A + a0 + o, 64);
       _tile_loadd(5, A + a1 + o, 64);
@@ -246,47 +247,50 @@ struct AmxGemm {
     // C itself takes the tiles when it is made of whole blocks; else a padded copy does.
     const bool direct = !swap && M % 32 == 0 && n % 32 == 0;
     const int64_t ldp = direct ? ldc : NB * 16;
-    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(2 * MB * KB * kTile)]);
-    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB * KB * kTile)]);
     std::unique_ptr<float[]> Cpad(direct ? nullptr : new float[static_cast<size_t>(MB * 16 * ldp)]);
     float* Cp = direct ? C : Cpad.get();
-    uint16_t* Ahi = Ap.get();
-    uint16_t* Alo = Ahi + MB * KB * kTile;
-    uint16_t* Bhi = Bp.get();
-    uint16_t* Blo = Bhi + NB * KB * kTile;
-    std::atomic<bool> a_lo{false}, b_lo{false};
-    ThreadPool& pool = ThreadPool::instance();
-    pool.parallel_for(MB + NB, [&](int64_t t) {
-      bool lo;
-      if (t < MB) {
-        if (swap)
-          lo = pack_a_cols(B, ldb, Mc, K, t, KB, Ahi, Alo);
-        else if (trans_a)
-          lo = pack_a_cols(A, lda, Mc, K, t, KB, Ahi, Alo);
-        else
-          lo = pack_a_rows(A, lda, Mc, K, t, KB, Ahi, Alo);
-        if (lo) a_lo.store(true, std::memory_order_relaxed);
-      } else {
-        lo = swap ? pack_b(A, lda, K, Nc, t - MB, KB, Bhi, Blo)
-                  : pack_b(B, ldb, K, Nc, t - MB, KB, Bhi, Blo);
-        if (lo) b_lo.store(true, std::memory_order_relaxed);
-      }
-    });
-    const uint16_t* alo = a_lo.load() ? Alo : nullptr;
-    const uint16_t* blo = b_lo.load() ? Blo : nullptr;
-    // K in chunks whose packed rows of the resident (smaller) operand stay in L2 (about
-    // 512 KiB); the other operand's 32-wide blocks stream past them, claimed by the threads.
+    // K in chunks, packed and multiplied in turn: the packed rows of the resident (smaller)
+    // operand stay in L2 (512 KiB with their lo parts) while the other operand's 32-wide
+    // blocks stream past them, claimed by the threads; and the packed copies take memory
+    // of a chunk, not of the whole operands.
     const bool rows_resident = MB <= NB;
     const int64_t resident = rows_resident ? MB : NB, streamed = rows_resident ? NB : MB;
-    const int64_t per_kb = resident * kTile * 2 * (rows_resident ? (alo ? 2 : 1) : (blo ? 2 : 1));
-    const int64_t KC = std::max<int64_t>(1, std::min<int64_t>(KB, (int64_t(512) << 10) / per_kb));
+    const int64_t tile_pair_bytes = 2 * kTile * 2;  // a tile of hi and its lo
+    const int64_t KC = std::max<int64_t>(
+        1, std::min<int64_t>(KB, (int64_t(512) << 10) / (resident * tile_pair_bytes)));
+    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(2 * MB * KC * kTile)]);
+    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB * KC * kTile)]);
+    ThreadPool& pool = ThreadPool::instance();
     for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
-      const int64_t kb1 = std::min(KB, kb0 + KC);
-      pool.parallel_for(streamed / 2, [&](int64_t s) {
+      const int64_t kc = std::min(KB - kb0, KC);
+      uint16_t* Ahi = Ap.get();
+      uint16_t* Alo = Ahi + MB * kc * kTile;
+      uint16_t* Bhi = Bp.get();
+      uint16_t* Blo = Bhi + NB * kc * kTile;
+      std::atomic<bool> a_lo{false}, b_lo{false};
+      pool.parallel_for(MB + NB, [&](int64_t t) {
+        bool lo;
+        if (t < MB) {
+          if (swap)
+            lo = pack_a_cols(B, ldb, Mc, K, t, kb0, kc, Ahi, Alo);
+          else if (trans_a)
+            lo = pack_a_cols(A, lda, Mc, K, t, kb0, kc, Ahi, Alo);
+          else
+            lo = pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ahi, Alo);
+          if (lo) a_lo.store(true, std::memory_order_relaxed);
+        } else {
+          lo = swap ? pack_b(A, lda, K, Nc, t - MB, kb0, kc, Bhi, Blo)
+                    : pack_b(B, ldb, K, Nc, t - MB, kb0, kc, Bhi, Blo);
+          if (lo) b_lo.store(true, std::memory_order_relaxed);
+        }
+      });
+      const uint16_t* alo = a_lo.load() ? Alo : nullptr;
+      const uint16_t* blo = b_lo.load() ? Blo : nullptr;
+      pool.parallel_for(streamed / 2, [&](int64_t st) {
         amx_configure(16);
         for (int64_t r = 0; r < resident / 2; ++r) {
-          const int64_t bi = rows_resident ? r : s, bj = rows_resident ? s : r;
-          block(Ahi, alo, Bhi, blo, KB, bi, bj, kb0, kb1, Cp, ldp);
+          const int64_t bi = rows_resident ? r : st, bj = rows_resident ? st : r;
+          block(Ahi, alo, Bhi, blo, kc, bi, bj, kb0 > 0, Cp, ldp);
         }
       });
     }
@@ -313,7 +317,7 @@ struct AmxGemm {
   // B [K, n] as tiles of its bfloat16 values (its hi parts; lo is zero for such a B).
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
     const int64_t KB = (K + 31) / 32;
-    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, KB, out, nullptr);
+    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, 0, KB, out, nullptr);
   }
 
   // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two
@@ -331,7 +335,7 @@ struct AmxGemm {
     alignas(64) float edge[4][16 * 16];  // column blocks narrower than 16
     for (int64_t m0 = 0; m0 < M; m0 += 16) {
       const int rows = static_cast<int>(std::min<int64_t>(16, M - m0));
-      pack_a_rows(A + m0 * lda, lda, rows, K, 0, KB, Ah, Al);
+      pack_a_rows(A + m0 * lda, lda, rows, K, 0, 0, KB, Ah, Al);
       amx_configure(rows);
       float* c = C + m0 * ldc;
       for (int64_t j0 = 0; j0 < NB; j0 += 4) {
