@@ -227,3 +227,50 @@ def test_mixed_storage_types_are_refused():
     a["recurrent_weight"] = a["recurrent_weight"].astype(np.float16)
     with pytest.raises(TypeError, match="recurrent_weight"):
         rnncore.gru(**a)
+
+
+BESIDE_TORCH = """
+import sys
+import ml_dtypes, numpy as np, torch
+sys.path.insert(0, {tests!r})
+import rnncore
+from test_narrow_storage_cpu import descriptor, inputs
+
+torch.set_num_threads(2)
+op, desc = descriptor("lstm", False)
+a = inputs(op, np.random.default_rng(11), 5, 32, 48, 64, 1, ml_dtypes.bfloat16)
+
+def ours():
+    fwd = rnncore.lstm(**a, descriptor=desc, device="cpu")
+    g = dict(a, z_state=fwd.z_state, cell_output_fwd=fwd.cell,
+             source_gradient=np.ones_like(fwd.state))
+    grads = rnncore.lstm_gradients(**g, descriptor=desc, device="cpu")
+    return [np.asarray(x).view(np.uint16).copy() for x in (*fwd, *grads) if x is not None]
+
+def theirs():
+    m = torch.nn.LSTM(48, 64).to(torch.bfloat16)
+    x = torch.randn(5, 32, 48, dtype=torch.bfloat16, requires_grad=True)
+    y, _ = m(x)
+    y.sum().backward()
+
+want = ours()
+theirs()
+got = ours()
+assert all(np.array_equal(u, v) for u, v in zip(got, want))
+print("same")
+"""
+
+
+def test_bfloat16_beside_pytorch():
+    """PyTorch's bfloat16 layers (oneDNN: AMX tiles where the processor has them) configure
+    and release the tiles on threads rnncore uses too; rnncore's results are the same bits
+    before and after them (a tile configuration remembered instead of read once raised
+    SIGILL here). In a subprocess: a crash fails the test, not the run."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+
+    code = BESIDE_TORCH.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "same" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]

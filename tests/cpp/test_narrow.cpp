@@ -151,4 +151,38 @@ TEST(SplitGemm, InfinitiesStayInfiniteAndEmptySumsAreZero) {
   for (float z : Z) EXPECT_EQ(z, 0.0f);
 }
 
+// The tile configuration is shared with any other code on the thread (oneDNN in PyTorch
+// configures and releases it around its own products): a release, or another library's
+// configuration, between two calls must not break the next (it raised SIGILL once).
+TEST(SplitGemm, OtherTileUsersOnTheThreadChangeNothing) {
+  const auto& ops = rnncore::cpu::fused_kernels().f32;
+  if (!ops.split_gemm) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
+  const int64_t M = 32, K = 96, n = 40;  // (whole 16-row blocks: the last rows configured are 16)
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal;
+  std::vector<float> A(M * K), B(K * n);
+  for (float& x : A) x = normal(gen);
+  for (float& x : B)
+    x = rnncore::cpu::bfloat16_to_float(rnncore::cpu::float_to_bfloat16(normal(gen)));
+  std::vector<uint16_t> packed(static_cast<size_t>(rnncore::cpu::tiles_size(K, n)));
+  ops.pack_tiles(B.data(), K, n, packed.data());
+  const auto both = [&] {
+    std::vector<float> C(M * n), D(M * n);
+    ops.split_gemm(false, M, n, K, A.data(), K, B.data(), n, C.data(), n);
+    ops.matmul_tiles(A.data(), K, M, K, packed.data(), n, D.data(), n, false);
+    C.insert(C.end(), D.begin(), D.end());
+    return C;
+  };
+  const std::vector<float> want = both();
+  asm volatile("tilerelease");
+  EXPECT_EQ(both(), want);
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {32, 32, 32, 32, 32, 32, 32, 32};
+    uint8_t rows[16] = {8, 8, 8, 8, 8, 8, 8, 8};
+  } foreign;
+  asm volatile("ldtilecfg %0" : : "m"(foreign));
+  EXPECT_EQ(both(), want);
+}
+
 }  // namespace

@@ -23,23 +23,24 @@
 namespace rnncore::cpu {
 namespace {
 
-// This thread's tile configuration: tiles 0-5 (accumulators and left operands) of `rows`
-// rows, 6-7 (right operands) of 16, all 64 bytes wide. Loading one costs ~130 ns here (10-20
-// tile products), so it is loaded only when the rows change and never released: the tiles
-// stay configured between calls (the OS saves a thread's tile state at a context switch).
+// Configures this thread's tiles: 0-5 (accumulators and left operands) of `rows` rows, 6-7
+// (right operands) of 16, all 64 bytes wide. Loading a configuration costs ~130 ns here (10-20
+// tile products) and reading the current one ~8 ns, so it is loaded only when the thread's
+// differs, and never released: the tiles stay configured between calls (the OS saves a
+// thread's tile state at a context switch). The current one is read, not remembered: other
+// code on the thread (oneDNN in PyTorch) configures and releases the tiles too.
 inline void amx_configure(int rows) {
   struct alignas(64) TileConfig {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
   };
-  thread_local int current = 0;
-  if (rows == current) return;
-  TileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = uint8_t(t < 6 ? rows : 16);
-  _tile_loadconfig(&cfg);
-  current = rows;
+  static_assert(sizeof(TileConfig) == 64, "the tile configuration's 64 bytes");
+  TileConfig want{}, have;
+  want.palette = 1;
+  for (int t = 0; t < 8; ++t) want.colsb[t] = 64, want.rows[t] = uint8_t(t < 6 ? rows : 16);
+  _tile_storeconfig(&have);
+  if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
 }
 
 struct AmxGemm {
