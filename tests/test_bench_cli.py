@@ -260,3 +260,50 @@ def test_lengths_section():
     assert re.search(r"GRU  training  rnncore, lengths\s+[0-9.]+ ms\s+[0-9.]+ of \(sum L", stdout)
     assert re.search(r"LSTM inference PyTorch, packed\s+[0-9.]+ ms\s+rnncore with lengths", stdout)
     assert re.search(r"ONNX Runtime, sequence_lens\s+[0-9.]+ ms", stdout)
+
+
+def test_a_crashed_worker_keeps_the_configurations_it_finished(tmp_path, monkeypatch, capsys):
+    """The worker writes its results after each configuration, so a worker that dies (the
+    kernels once raised SIGILL beside PyTorch's) loses only the one it was in: the run
+    reports the exit code and what it kept, fails, and still writes its results."""
+    parser = bench.add_arguments(argparse.ArgumentParser())
+    out = tmp_path / "worker.json"
+    args = parser.parse_args(["--device", "cpu", "--quick", "--modes", "inference",
+                              "--configs", *TINY[:2], "--worker-out", str(out),
+                              "--worker-threads", "1"])  # fmt: skip
+    real = bench.run_one
+
+    def dies_in_the_second(impl, problem, *rest):
+        if problem.config.name == TINY[1]:
+            raise SystemExit(-4)
+        return real(impl, problem, *rest)
+
+    monkeypatch.setattr(bench, "run_one", dies_in_the_second)
+    with pytest.raises(SystemExit):
+        bench.run(args)
+    kept = json.loads(out.read_text())
+    assert {r["config"] for r in kept["records"]} == {TINY[0]}
+
+    run = subprocess.run
+
+    def crashed(cmd, *a, **kw):  # the worker's process only
+        if "--worker-out" not in cmd:
+            return run(cmd, *a, **kw)
+        pathlib.Path(cmd[cmd.index("--worker-out") + 1]).write_text(out.read_text())
+        return subprocess.CompletedProcess(cmd, -4)
+
+    monkeypatch.setattr(bench.subprocess, "run", crashed)
+    args = parser.parse_args(["--device", "cpu", "--quick", "--modes", "inference",
+                              "--threads", "1", "--configs", *TINY[:2],
+                              "--out", str(tmp_path / "r")])  # fmt: skip
+    assert bench.run(args) == 1
+    printed = capsys.readouterr().out
+    said = f"failed with exit code -4 after 1 configuration(s) (the last done: {TINY[0]})"
+    assert said in printed
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert results["passed"] is False and results["workers"][0]["exit_code"] == -4
+    assert {r["config"] for r in results["results"]} == {TINY[0]}
+    assert (
+        "The 1-thread run failed (exit code -4) after 1 configuration(s)"
+        in (tmp_path / "r" / "results.md").read_text()
+    )

@@ -473,6 +473,8 @@ def worker(args, device, threads):
         (bar.write if bar is not None else print)(text)
         sys.stdout.flush()
         out["records"] += records
+        if args.worker_out is not None:  # what is done survives a crash of this process
+            args.worker_out.write_text(json.dumps(out, indent=1))
     if bar is not None:
         bar.close()
     return out
@@ -556,7 +558,7 @@ def worker_env(threads=None):
 
 def run_worker_process(args, device, flags, threads=None):
     """Run one worker (`flags`) in a new process, the thread variables set to `threads`;
-    returns its JSON, or None when it failed."""
+    returns its JSON, or when it failed what it wrote before (marked "failed")."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "worker.json"
         cmd = [sys.executable, "-c", "import sys; from rnncore.bench import main; sys.exit(main())"]
@@ -568,10 +570,15 @@ def run_worker_process(args, device, flags, threads=None):
         if args.rounds:
             cmd += ["--rounds", str(args.rounds)]
         proc = subprocess.run(cmd, env=worker_env(threads), check=False)
-        if proc.returncode != 0 or not path.exists():
-            print(f"bench worker {' '.join(flags)} failed with exit code {proc.returncode}")
-            return None
-        return json.loads(path.read_text())
+        if proc.returncode == 0 and path.exists():
+            return json.loads(path.read_text())
+        # A crash keeps the configurations done before it (the worker writes after each).
+        done = json.loads(path.read_text()) if path.exists() else {"records": []}
+        names = list(dict.fromkeys(r["config"] for r in done["records"]))
+        print(f"bench worker {' '.join(flags)} failed with exit code {proc.returncode}"
+              f" after {len(names)} configuration(s)"
+              + (f" (the last done: {names[-1]})" if names else ""))  # fmt: skip
+        return {**done, "failed": True, "exit_code": proc.returncode, "configs_done": len(names)}
 
 
 def writable(path, force):
@@ -696,7 +703,7 @@ def run(args):
         for threads in args.threads:
             print(f"--- {threads} thread(s)", flush=True)
             data = run_worker_process(args, device, ["--worker-threads", str(threads)], threads)
-            workers.append(data or {"threads": threads, "failed": True, "records": []})
+            workers.append({"threads": threads, **data})
     else:
         workers = [worker(args, device, None)]
 
@@ -755,6 +762,8 @@ def write_outputs(args, results, stem):
             written.append("chart.png")
         except ImportError:
             print("no chart.png: matplotlib is not installed")
+        except ValueError as e:
+            print(f"no chart.png: {e}")
     print(f"wrote {', '.join(written)} into {args.out}")
 
 
@@ -844,7 +853,7 @@ def finish_loaded(args, results, started):
     """--loaded: one worker process with rnncore's own default thread count (no thread
     variables set), then loaded.json and loaded.md."""
     data = run_worker_process(args, "cpu", ["--worker-loaded"])
-    if data is None:
+    if data.get("failed"):
         return 1
     results.update(data)
     results["competitor"] = "one Python busy loop (while True: pass) for the whole run"

@@ -323,7 +323,10 @@ def notes(results):
         )
     for w in results["workers"]:
         if w.get("failed"):
-            out.append(f"The {w['threads']}-thread run failed (exit code {w['failed']}).")
+            out.append(
+                f"The {w['threads']}-thread run failed (exit code {w.get('exit_code')}) after "
+                f"{w.get('configs_done', 0)} configuration(s); their results are kept."
+            )
             continue
         s = w.get("thread_settings", {})
         if w.get("threads_set") and s.get("torch_threads", w["threads"]) != w["threads"]:
@@ -362,6 +365,8 @@ def chart(results, path):
 
     names = impls_present(results)
     rows = index(results)
+    if not rows:
+        raise ValueError("no timed results to chart")
     modes = list(dict.fromkeys(m for (_, m, _) in rows))
     threads = sorted({t for (_, _, t) in rows})
     configs = list(dict.fromkeys(c for (c, _, _) in rows))
