@@ -269,8 +269,7 @@ def test_a_crashed_worker_keeps_the_configurations_it_finished(tmp_path, monkeyp
     parser = bench.add_arguments(argparse.ArgumentParser())
     out = tmp_path / "worker.json"
     args = parser.parse_args(["--device", "cpu", "--quick", "--modes", "inference",
-                              "--configs", *TINY[:2], "--worker-out", str(out),
-                              "--worker-threads", "1"])  # fmt: skip
+                              "--configs", *TINY[:2], "--worker-out", str(out)])  # fmt: skip
     real = bench.run_one
 
     def dies_in_the_second(impl, problem, *rest):

@@ -703,7 +703,7 @@ def run(args):
         for threads in args.threads:
             print(f"--- {threads} thread(s)", flush=True)
             data = run_worker_process(args, device, ["--worker-threads", str(threads)], threads)
-            workers.append({"threads": threads, **data})
+            workers.append({**data, "threads": threads})
     else:
         workers = [worker(args, device, None)]
 
