@@ -1,12 +1,13 @@
-// The float32 GEMMs of bfloat16 storage's gradients (dX, dW, dR) on AMX-BF16 tiles, each
-// operand split into bfloat16 hi + lo (x = hi + lo to 16 significant bits): C = Ahi·Bhi +
-// Alo·Bhi + Ahi·Blo with float32 sums (the lo·lo term, 2^-16 of the others, is dropped; a
-// split whose lo parts are all zero, as for the bfloat16 arrays themselves, is skipped). The
-// result is within ~2^-16 relative of the float32 GEMM, far below the bfloat16 rounding of
-// the results. The packing passes are memory-bound and the tiles stream from L2, so it is
-// ~2× OpenBLAS's SGEMM with one exact operand and about even with none. Compiled into the
-// avx512amx variant only (included by fused_kernels.hpp there), with the tile configuration
-// that all the variant's tile code shares.
+// The float32 products of bfloat16 storage's gradients on AMX-BF16 tiles (the GEMMs of dX,
+// dW and dR, and each backward step's product with R), each operand split into bfloat16
+// hi + lo (x = hi + lo to 16 significant bits): C = Ahi·Bhi + Alo·Bhi + Ahi·Blo with float32
+// sums (the lo·lo term, 2^-16 of the others, is dropped; a split whose lo parts are all zero,
+// as for the bfloat16 arrays themselves, is skipped). The result is within ~2^-16 relative of
+// the float32 GEMM, far below the bfloat16 rounding of the results. The packing passes are
+// memory-bound and the tiles stream from L2, so it is ~2× OpenBLAS's SGEMM with one exact
+// operand and about even with none. Compiled into the avx512amx variant only (included by
+// fused_kernels.hpp there), with the tile configuration that all the variant's tile code
+// shares.
 #pragma once
 
 #include <immintrin.h>
