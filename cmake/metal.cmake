@@ -1,6 +1,7 @@
 # The Metal backend (Apple silicon only):
-# metal-cpp, the kernels compiled into one rnncore.metallib embedded in the library, and the
-# metal-cpp executor. Included by CMakeLists.txt, which calls rnncore_metal_enabled() to decide
+# metal-cpp, the kernels compiled into two metallibs embedded in the library (rnncore.metallib
+# for macOS 13, and one with the bfloat16 kernels for macOS 14 and later), and the metal-cpp
+# executor. Included by CMakeLists.txt, which calls rnncore_metal_enabled() to decide
 # and rnncore_add_metal() to build it. tests/apple_host exercises both on Linux, with a
 # stand-in xcrun and stand-ins for the SDK headers.
 
@@ -95,7 +96,52 @@ function(rnncore_add_no_metal target reason)
   endif()
 endfunction()
 
-# Adds the Metal backend to <target>: the kernels (.metal -> .air -> rnncore.metallib,
+# Compiles every .metal file of shader_dir (rnncore_add_metal's shader_sources, rebuilt when
+# a shader_headers file changes) with -std=<metal_std> for macOS <min_macos> (or the
+# deployment target if later), links them into <name>.metallib in the build tree and embeds
+# that as the symbols <symbol> and <symbol>_size (embed_file.cmake). Sets <out> to the
+# embedding source, in the caller's scope.
+function(rnncore_add_metallib name metal_std min_macos symbol out)
+  if(CMAKE_OSX_DEPLOYMENT_TARGET AND CMAKE_OSX_DEPLOYMENT_TARGET VERSION_GREATER min_macos)
+    set(min_macos ${CMAKE_OSX_DEPLOYMENT_TARGET})
+  endif()
+  # A directory per library: both compile the same stems.
+  set(air_dir ${CMAKE_CURRENT_BINARY_DIR}/metal/${name})
+  file(MAKE_DIRECTORY ${air_dir})
+  set(air_files)
+  foreach(source IN LISTS shader_sources)
+    get_filename_component(stem ${source} NAME_WE)
+    set(air ${air_dir}/${stem}.air)
+    # No fast math: the sigmoid/tanh-heavy kernels are compared to the CPU backend.
+    add_custom_command(OUTPUT ${air}
+      COMMAND ${RNNCORE_XCRUN} -sdk macosx metal -c -std=${metal_std} -Wall -Wextra -Werror
+              -Wno-unused-parameter -fno-fast-math -mmacosx-version-min=${min_macos}
+              -I ${shader_dir} ${source} -o ${air}
+      DEPENDS ${source} ${shader_headers}
+      COMMENT "Compiling Metal kernels ${stem}.metal (${metal_std})"
+      VERBATIM)
+    list(APPEND air_files ${air})
+  endforeach()
+
+  # Kept in the build tree: RNNCORE_METALLIB=<this file> loads it instead of the embedded ones.
+  set(metallib ${CMAKE_CURRENT_BINARY_DIR}/${name}.metallib)
+  add_custom_command(OUTPUT ${metallib}
+    COMMAND ${RNNCORE_XCRUN} -sdk macosx metallib ${air_files} -o ${metallib}
+    DEPENDS ${air_files}
+    COMMENT "Linking ${name}.metallib"
+    VERBATIM)
+
+  set(embedded ${CMAKE_CURRENT_BINARY_DIR}/${symbol}.cpp)
+  add_custom_command(OUTPUT ${embedded}
+    COMMAND ${CMAKE_COMMAND} -DINPUT=${metallib} -DOUTPUT=${embedded} -DNAME=${symbol}
+            -P ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
+    DEPENDS ${metallib} ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
+    COMMENT "Embedding ${name}.metallib"
+    VERBATIM)
+  set(${out} ${embedded} PARENT_SCOPE)
+endfunction()
+
+# Adds the Metal backend to <target>: the kernels (.metal -> .air -> the two metallibs,
 # embedded), the metal-cpp executor, the frameworks.
 function(rnncore_add_metal target)
   include(FetchContent)
@@ -107,64 +153,34 @@ function(rnncore_add_metal target)
     GIT_TAG c595afef4a5dc388f4047cd0c69f9e7f9468d9ed)
   FetchContent_MakeAvailable(metal_cpp)
 
-  # ---- Kernels: every .metal file -> .air -> rnncore.metallib --------------------------------
-  # rnncore_metal_enabled() has checked that the compiler runs.
-  # -std=metal3.0 needs macOS 13; an older deployment target still gets a 13.0 library (its
-  # load fails cleanly with a DeviceError on older systems).
-  set(metal_min_macos 13.0)
-  if(CMAKE_OSX_DEPLOYMENT_TARGET AND CMAKE_OSX_DEPLOYMENT_TARGET VERSION_GREATER 13.0)
-    set(metal_min_macos ${CMAKE_OSX_DEPLOYMENT_TARGET})
-  endif()
-
+  # ---- Kernels: every .metal file -> .air -> two metallibs, both embedded --------------------
+  # rnncore_metal_enabled() has checked that the compiler runs. Two libraries of the same
+  # sources: rnncore.metallib (-std=metal3.0, loads on macOS 13) and the macOS 14 library
+  # (-std=metal3.1, whose bfloat type adds the bfloat16-storage kernels; the compiler refuses
+  # metal3.1 below macOS 14). The executor loads the macOS 14 one where the OS runs it.
+  # An older deployment target still gets the 13.0 floor (the load fails cleanly with a
+  # DeviceError on older systems); a newer one raises both floors.
   set(shader_dir ${PROJECT_SOURCE_DIR}/cpp/shaders)
   file(GLOB shader_sources CONFIGURE_DEPENDS ${shader_dir}/*.metal)
   file(GLOB shader_headers CONFIGURE_DEPENDS ${shader_dir}/*.h)
   if(NOT shader_sources)
     message(FATAL_ERROR "No Metal kernels found in ${shader_dir}")
   endif()
-  set(air_dir ${CMAKE_CURRENT_BINARY_DIR}/metal)
-  file(MAKE_DIRECTORY ${air_dir})
-  set(air_files)
-  foreach(source IN LISTS shader_sources)
-    get_filename_component(stem ${source} NAME_WE)
-    set(air ${air_dir}/${stem}.air)
-    # No fast math: the sigmoid/tanh-heavy kernels are compared to the CPU backend.
-    add_custom_command(OUTPUT ${air}
-      COMMAND ${RNNCORE_XCRUN} -sdk macosx metal -c -std=metal3.0 -Wall -Wextra -Werror -Wno-unused-parameter
-              -fno-fast-math -mmacosx-version-min=${metal_min_macos} -I ${shader_dir}
-              ${source} -o ${air}
-      DEPENDS ${source} ${shader_headers}
-      COMMENT "Compiling Metal kernels ${stem}.metal"
-      VERBATIM)
-    list(APPEND air_files ${air})
-  endforeach()
 
-  # Kept in the build tree: RNNCORE_METALLIB=<this file> loads it instead of the embedded copy.
-  set(metallib ${CMAKE_CURRENT_BINARY_DIR}/rnncore.metallib)
-  add_custom_command(OUTPUT ${metallib}
-    COMMAND ${RNNCORE_XCRUN} -sdk macosx metallib ${air_files} -o ${metallib}
-    DEPENDS ${air_files}
-    COMMENT "Linking rnncore.metallib"
-    VERBATIM)
-
-  set(embedded ${CMAKE_CURRENT_BINARY_DIR}/rnncore_metallib.cpp)
-  add_custom_command(OUTPUT ${embedded}
-    COMMAND ${CMAKE_COMMAND} -DINPUT=${metallib} -DOUTPUT=${embedded} -DNAME=rnncore_metallib
-            -P ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
-    DEPENDS ${metallib} ${RNNCORE_METAL_CMAKE_DIR}/embed_file.cmake
-    COMMENT "Embedding rnncore.metallib"
-    VERBATIM)
+  rnncore_add_metallib(rnncore metal3.0 13.0 rnncore_metallib embedded_macos13)
+  rnncore_add_metallib(rnncore_macos14 metal3.1 14.0 rnncore_metallib_macos14 embedded_macos14)
 
   # ---- Host code: one object whose metal-cpp symbols are all local ------------------------
   # apple_executor.cpp defines metal-cpp's implementation (NS_/MTL_PRIVATE_IMPLEMENTATION:
   # ~1,900 class, selector and constant symbols, some of them exported whatever the visibility
   # macro says). In a static library those would clash with the same definitions in any C++
-  # application that uses metal-cpp itself. So the executor and the embedded metallib are
+  # application that uses metal-cpp itself. So the executor and the embedded metallibs are
   # compiled as usual, combined into one relocatable object, and every global symbol in it
   # that is not rnncore's is made local (private_symbols.cmake); that object goes into the
   # library.
   add_library(rnncore_metal_host OBJECT ${PROJECT_SOURCE_DIR}/cpp/src/metal/apple_executor.cpp
-                                        ${embedded})
+                                        ${embedded_macos13}
+                                        ${embedded_macos14})
   # SYSTEM: metal-cpp's headers are not -Wpedantic clean, and tests build with -Werror.
   target_include_directories(rnncore_metal_host SYSTEM PRIVATE ${metal_cpp_SOURCE_DIR})
   target_include_directories(rnncore_metal_host PRIVATE ${PROJECT_SOURCE_DIR}/cpp/include

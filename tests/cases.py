@@ -6,6 +6,7 @@ kind, and the output checks every forward comparison needs.
 """
 
 import copy
+import functools
 import itertools
 
 import numpy as np
@@ -17,8 +18,8 @@ from rnncore import _ops, reference
 
 KINDS = tuple(_ops.KINDS)
 GATES = {k: kind.gates for k, kind in _ops.KINDS.items()}
-# float64 and bfloat16 storage run on the CPU only, float16 storage (float32 arithmetic) on
-# every device.
+# float64 runs on the CPU only, float16 storage (float32 arithmetic) on every device, bfloat16
+# storage where supported() says.
 DTYPES = (np.float32, np.float64, np.float16, BFLOAT16)
 
 # Forms of the mask that broadcast to [N, D·H] (the contract's list).
@@ -64,10 +65,24 @@ def full_descriptor(kind, **fields):
 
 
 def supported(device, dtype):
-    """float64 and bfloat16 storage are CPU-only dtypes (api.md); float16 storage is on every
-    device."""
-    if np.dtype(dtype) in (np.float64, BFLOAT16):
+    """float64 is CPU-only (api.md); float16 storage is on every device; bfloat16 storage on
+    the CPU, the emulator, and Metal from macOS 14 (MSL 3.1's bfloat)."""
+    if np.dtype(dtype) == np.float64:
         return device == "cpu"
+    if np.dtype(dtype) == BFLOAT16 and device == "metal":
+        return metal_computes_bfloat16()
+    return True
+
+
+@functools.cache
+def metal_computes_bfloat16():
+    """Whether this Mac's "metal" device takes bfloat16 (a TypeError names macOS 14 if not)."""
+    x = np.zeros((1, 1, 1), BFLOAT16)
+    try:
+        rnncore.single_gate_rnn(x, np.zeros((1, 1), BFLOAT16), device="metal")
+    except TypeError as e:
+        assert "macOS 14" in str(e), e
+        return False
     return True
 
 

@@ -258,38 +258,108 @@ def standin(tmp_path_factory, clang, headers):
     return s
 
 
+# The two libraries cmake/metal.cmake builds: file, Metal language, macOS floor.
+METALLIBS = [("rnncore.metallib", "metal3.0", "13.0"),
+             ("rnncore_macos14.metallib", "metal3.1", "14.0")]  # fmt: skip
+
+
 def test_kernels_go_through_the_metal_toolchain(standin):
-    """Every .metal file of cpp/shaders is compiled once to .air with the kernel flags
-    (Metal 3.0, warnings as errors, no fast math, the macOS 13 floor, the shader includes),
-    and all the .air files are linked into one rnncore.metallib."""
+    """Every .metal file of cpp/shaders is compiled twice to .air with the kernel flags
+    (warnings as errors, no fast math, the shader includes): with Metal 3.0 for macOS 13 and
+    with Metal 3.1 (bfloat) for macOS 14, each into a directory of its own; each set of .air
+    files is linked into its library, rnncore.metallib and rnncore_macos14.metallib."""
     calls = standin.calls()
     assert calls[0] == ["-sdk", "macosx", "metal", "--version"], calls
     compiles = [c for c in calls if c[2:4] == ["metal", "-c"]]
-    kernels = sorted(p.name for p in (ROOT / "cpp/shaders").glob("*.metal"))
-    assert sorted(pathlib.Path(c[c.index("-o") - 1]).name for c in compiles) == kernels
-    for c in compiles:
-        for flag in ["-std=metal3.0", "-Wall", "-Wextra", "-Werror", "-fno-fast-math",
-                     "-mmacosx-version-min=13.0"]:  # fmt: skip
-            assert flag in c, (flag, c)
-        assert c[c.index("-I") + 1] == str(ROOT / "cpp/shaders")
     links = [c for c in calls if c[2] == "metallib"]
-    assert len(links) == 1, calls
-    airs = [a for a in links[0] if a.endswith(".air")]
-    assert sorted(pathlib.Path(a).stem + ".metal" for a in airs) == kernels
-    assert links[0][-2:] == ["-o", str(standin.build / "rnncore.metallib")]
-    assert len(calls) == 1 + len(kernels) + 1, calls
+    kernels = sorted(p.name for p in (ROOT / "cpp/shaders").glob("*.metal"))
+    assert len(links) == len(METALLIBS), calls
+    air_dirs = set()
+    for (name, std, floor), link in zip(METALLIBS, sorted(links, key=lambda c: c[-1])):
+        assert link[-2:] == ["-o", str(standin.build / name)], link
+        mine = [c for c in compiles if f"-std={std}" in c]
+        assert sorted(pathlib.Path(c[c.index("-o") - 1]).name for c in mine) == kernels, std
+        for c in mine:
+            for flag in ["-Wall", "-Wextra", "-Werror", "-fno-fast-math",
+                         f"-mmacosx-version-min={floor}"]:  # fmt: skip
+                assert flag in c, (flag, c)
+            assert [a for a in c if a.startswith("-std=")] == [f"-std={std}"], c
+            assert c[c.index("-I") + 1] == str(ROOT / "cpp/shaders")
+        airs = [a for a in link if a.endswith(".air")]
+        assert sorted(airs) == sorted(c[c.index("-o") + 1] for c in mine), (airs, mine)
+        dirs = {str(pathlib.Path(a).parent) for a in airs}
+        assert len(dirs) == 1 and not dirs & air_dirs, (dirs, air_dirs)
+        air_dirs |= dirs
+        assert (standin.build / name).read_text().splitlines()[1] == f"std {std}"
+    assert len(calls) == 1 + len(METALLIBS) * (len(kernels) + 1), calls
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["-std=metal3.1", "-mmacosx-version-min=13.0"], "needs -mmacosx-version-min=14.0"),
+        (["-std=metal3.0", "-mmacosx-version-min=12.0"], "needs -mmacosx-version-min=13.0"),
+        (["-std=metal3.2", "-mmacosx-version-min=15.0"], "one -std= of"),
+        (["-mmacosx-version-min=14.0"], "one -std= of"),
+        (["-std=metal3.1"], "one -mmacosx-version-min="),
+    ],
+)
+def test_standin_compiler_refuses_what_metal_refuses(tmp_path, flags, error):
+    """The stand-in compiler takes -std=metal3.0 (macOS 13 and later) and -std=metal3.1
+    (macOS 14 and later) only, as the build uses them: metal3.1 below macOS 14 is an error of
+    the real compiler too."""
+    source = tmp_path / "k.metal"
+    source.write_text("kernel void k() {}\n")
+    env = {**os.environ, "RNNCORE_XCRUN_LOG": str(tmp_path / "log")}
+    env.pop("RNNCORE_XCRUN_STANDIN", None)
+    run = subprocess.run(
+        [sys.executable, str(check.XCRUN), "-sdk", "macosx", "metal", "-c", "-Wall", "-Wextra",
+         "-Werror", "-fno-fast-math", *flags, str(source), "-o", str(tmp_path / "k.air")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert run.returncode != 0 and error in run.stderr, run.stderr
+
+
+def test_standin_linker_refuses_mixed_languages(tmp_path):
+    """The stand-in metallib refuses .air files of both languages in one library (so a build
+    that crossed the two libraries' inputs fails on Linux)."""
+    env = {**os.environ, "RNNCORE_XCRUN_LOG": str(tmp_path / "log")}
+    env.pop("RNNCORE_XCRUN_STANDIN", None)
+    airs = []
+    for stem, std, floor in [("a", "metal3.0", "13.0"), ("b", "metal3.1", "14.0")]:
+        source = tmp_path / f"{stem}.metal"
+        source.write_text("kernel void k() {}\n")
+        airs.append(str(tmp_path / f"{stem}.air"))
+        run = subprocess.run(
+            [sys.executable, str(check.XCRUN), "-sdk", "macosx", "metal", "-c", "-Wall",
+             "-Wextra", "-Werror", "-fno-fast-math", f"-std={std}",
+             f"-mmacosx-version-min={floor}", str(source), "-o", airs[-1]],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    run = subprocess.run(
+        [sys.executable, str(check.XCRUN), "-sdk", "macosx", "metallib", *airs, "-o",
+         str(tmp_path / "l.metallib")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert run.returncode != 0 and "different -std" in run.stderr, run.stderr
 
 
 def test_metallib_is_embedded(standin):
-    """The embedded source carries the metallib's bytes, and was compiled into the object."""
-    metallib = (standin.build / "rnncore.metallib").read_bytes()
-    embedded = (standin.build / "rnncore_metallib.cpp").read_text()
-    assert f"rnncore_metallib_size = {len(metallib)};" in embedded
-    head = ",".join(f"0x{b:02x}" for b in metallib[:8])
-    assert head in embedded.replace(" ", "").replace("\n", "")
+    """Each library's embedded source carries its metallib's bytes (all of them: the two
+    libraries differ only past the header), and both were compiled into the object."""
+    for metallib, symbol in [("rnncore.metallib", "rnncore_metallib"),
+                             ("rnncore_macos14.metallib", "rnncore_metallib_macos14")]:  # fmt: skip
+        data = (standin.build / metallib).read_bytes()
+        embedded = (standin.build / f"{symbol}.cpp").read_text()
+        assert f"{symbol}_size = {len(data)};" in embedded
+        assert f"{symbol}[] = {{" in embedded
+        body = embedded.split("{", 1)[1].split("}", 1)[0]
+        assert bytes(int(b, 16) for b in body.replace(",", " ").split()) == data, metallib
     names = [p.name for p in standin.raw_objects()]
     assert any(n.startswith("apple_executor") for n in names), names
-    assert any(n.startswith("rnncore_metallib") for n in names), names
+    assert any(n.startswith("rnncore_metallib.") for n in names), names
+    assert any(n.startswith("rnncore_metallib_macos14.") for n in names), names
 
 
 def _globals(path):
@@ -315,7 +385,8 @@ def test_metal_cpp_symbols_are_local_to_rnncore(standin):
     own = sorted(n for t, n in final if "rnncore" in n)
     assert "_ZN7rnncore5metal14apple_executorEv" in own
     assert "_ZN7rnncore5metal19apple_gpu_availableEv" in own
-    assert "rnncore_metallib" in own
+    for symbol in ["rnncore_metallib", "rnncore_metallib_macos14"]:
+        assert symbol in own and f"{symbol}_size" in own, own
 
 
 def _link_consumer(standin, clang, headers, objects, out):
@@ -402,10 +473,13 @@ def fake_metal(standin, clang):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["run", "steps", "nil-default", "no-gpu", "not-apple-silicon", "simd-width"]
-)
-def test_executor_on_fake_metal(fake_metal, scenario):
-    """The executor as shipped, run against a fake Objective-C runtime and Metal:
+    "scenario",
+    ["run", "steps", "nil-default", "no-gpu", "not-apple-silicon", "simd-width",
+     "macos13", "macos14", "macos15", "metallib-env", "load-error"],
+)  # fmt: skip
+def test_executor_on_fake_metal(standin, fake_metal, scenario):
+    """The executor as shipped, run against a fake Objective-C runtime and Metal (on macOS
+    14.0 unless said otherwise):
     run: a plan binds an aligned 256 KiB input in place (element-aligned offset), copies a
     misaligned one (item 2), copies a small one, binds the placeholder at offset 0 for a
     zero-size input with a dummy pointer, and binds an allocate() output in place;
@@ -413,8 +487,21 @@ def test_executor_on_fake_metal(fake_metal, scenario):
     an Apple one: the Apple one is used (item 1); no-gpu: no device at all, a clear error;
     not-apple-silicon: a non-Apple7 GPU is not offered and the error says why (item 5);
     simd-width: a pipeline with 64-wide SIMD-groups is refused before anything is encoded
-    (item 5). Each fails with the executor as it was before issue 11."""
-    run = subprocess.run([str(fake_metal), scenario], capture_output=True, text=True, timeout=120)
+    (item 5). Each fails with the executor as it was before issue 11.
+    macos13: on macOS 13.7 the embedded metal3.0 library is loaded (the fake Metal, like the
+    real one, refuses metal3.1 there) and computes_bfloat16() is false (no gemm_bbb in it);
+    macos14, macos15: on 14.0 and 15.3 the embedded metal3.1 library and true; both ask the
+    library for gemm_bbb once and release the function;
+    metallib-env: RNNCORE_METALLIB names rnncore.metallib (metal3.0) on macOS 14: the file is
+    loaded and computes_bfloat16() is false (the library answers, not the OS);
+    load-error: Metal refuses the library: the error names the macOS 13 or macOS 14 library
+    that failed, and the next call, once Metal accepts it, loads it."""
+    env = {k: v for k, v in os.environ.items() if k != "RNNCORE_METALLIB"}
+    if scenario == "metallib-env":
+        env["RNNCORE_METALLIB"] = str(standin.build / "rnncore.metallib")
+    run = subprocess.run(
+        [str(fake_metal), scenario], capture_output=True, text=True, env=env, timeout=120
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 0 and "FAIL" not in output, output
     assert "ok" in run.stdout, output

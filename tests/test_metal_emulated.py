@@ -6,6 +6,7 @@ checked by every forward and gradient suite, which run on all devices.)"""
 
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -102,7 +103,7 @@ def forward_and_gradients(name, args, rng, device="metal-emulated"):
     return [a for a in (*fwd, *grads) if a is not None]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 def test_threadgroup_order_gives_identical_results(name, dtype, monkeypatch):
     """Threadgroups started in reverse and in random orders: no kernel of any op relies on
@@ -124,7 +125,7 @@ def test_threadgroup_order_gives_identical_results(name, dtype, monkeypatch):
 AWKWARD = [(1, 1, 1), (3, 1, 31), (4, 5, 33), (2, 8, 32), (2, 9, 7)]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 def test_persistent_kernels_match_the_per_step_kernels(name, dtype, monkeypatch):
     """A persistent kernel runs the per-step kernels' bodies for every step and grid position

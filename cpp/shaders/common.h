@@ -166,30 +166,37 @@ inline StepParams load_params(constant StepParams& c) {
   const int n = n0 + int(lane); \
   if (int(lane) >= NB || n >= p.N) return
 
-// The step kernels of an op for the five batch tiles and both storage types (float32, and
-// float16 with float32 arithmetic): <op>_b<NB>_<f32|f16>, the names the plan dispatches.
+// bfloat16 storage needs MSL 3.1's bfloat (macOS 14): its instances exist only where the
+// compiler has the type (-std=metal3.1, the emulator), in the library the host loads there.
+#if defined(__HAVE_BFLOAT__)
+#define INSTANTIATE_BFLOAT_KERNEL(name, ...) INSTANTIATE_KERNEL(name, __VA_ARGS__)
+#else
+#define INSTANTIATE_BFLOAT_KERNEL(name, ...)
+#endif
+
+// The step kernels of an op for the five batch tiles and the storage types (float32, and
+// float16 and bfloat16 with float32 arithmetic): <op>_b<NB>_<f32|f16|bf16>, the names the
+// plan dispatches.
 #define INSTANTIATE_STEP_KERNELS(op)              \
-  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>)   \
-  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)    \
-  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>)   \
-  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)    \
-  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>)   \
-  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)    \
-  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>)   \
-  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)    \
+  INSTANTIATE_PERSISTENT_KERNELS(op)              \
   INSTANTIATE_KERNEL(op##_b16_f32, op<float, 16>) \
-  INSTANTIATE_KERNEL(op##_b16_f16, op<half, 16>)
+  INSTANTIATE_KERNEL(op##_b16_f16, op<half, 16>)  \
+  INSTANTIATE_BFLOAT_KERNEL(op##_b16_bf16, op<bfloat, 16>)
 
 // The persistent kernels for batch tiles up to 8 (they loop over the tiles).
-#define INSTANTIATE_PERSISTENT_KERNELS(op)      \
-  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>) \
-  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)  \
-  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>) \
-  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)  \
-  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>) \
-  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)  \
-  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>) \
-  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)
+#define INSTANTIATE_PERSISTENT_KERNELS(op)               \
+  INSTANTIATE_KERNEL(op##_b1_f32, op<float, 1>)          \
+  INSTANTIATE_KERNEL(op##_b1_f16, op<half, 1>)           \
+  INSTANTIATE_BFLOAT_KERNEL(op##_b1_bf16, op<bfloat, 1>) \
+  INSTANTIATE_KERNEL(op##_b2_f32, op<float, 2>)          \
+  INSTANTIATE_KERNEL(op##_b2_f16, op<half, 2>)           \
+  INSTANTIATE_BFLOAT_KERNEL(op##_b2_bf16, op<bfloat, 2>) \
+  INSTANTIATE_KERNEL(op##_b4_f32, op<float, 4>)          \
+  INSTANTIATE_KERNEL(op##_b4_f16, op<half, 4>)           \
+  INSTANTIATE_BFLOAT_KERNEL(op##_b4_bf16, op<bfloat, 4>) \
+  INSTANTIATE_KERNEL(op##_b8_f32, op<float, 8>)          \
+  INSTANTIATE_KERNEL(op##_b8_f16, op<half, 8>)           \
+  INSTANTIATE_BFLOAT_KERNEL(op##_b8_bf16, op<bfloat, 8>)
 
 // Activation codes: rnncore::Activation's values, which the plan passes through act_0..act_3
 // and cell_act unchanged.

@@ -83,14 +83,18 @@ kernel void gemm(device const TA* a [[buffer(GB_A)]],
   }
 }
 
-// gemm_<A><B><C>: the element types of A, B (and bias) and C, f = float, h = half. float16
-// storage uses hhh (the input projection), fhh (dsource, dW: float32 dX' times half
-// inputs) and ffh (dR from float32 deltas and states).
+// gemm_<A><B><C>: the element types of A, B (and bias) and C, f = float, h = half,
+// b = bfloat. float16 storage uses hhh (the input projection), fhh (dsource, dW: float32 dX'
+// times half inputs) and ffh (dR from float32 deltas and states); bfloat16 the same with b.
 INSTANTIATE_KERNEL(gemm_fff, gemm<float, float, float>)
 INSTANTIATE_KERNEL(gemm_hhh, gemm<half, half, half>)
 INSTANTIATE_KERNEL(gemm_fhh, gemm<float, half, half>)
 INSTANTIATE_KERNEL(gemm_ffh, gemm<float, float, half>)
 INSTANTIATE_KERNEL(gemm_fhf, gemm<float, half, float>)  // float16 dW's split-K partials
+INSTANTIATE_BFLOAT_KERNEL(gemm_bbb, gemm<bfloat, bfloat, bfloat>)
+INSTANTIATE_BFLOAT_KERNEL(gemm_fbb, gemm<float, bfloat, bfloat>)
+INSTANTIATE_BFLOAT_KERNEL(gemm_ffb, gemm<float, float, bfloat>)
+INSTANTIATE_BFLOAT_KERNEL(gemm_fbf, gemm<float, bfloat, float>)
 
 // One thread per column, the rows of one block (grid y) in order: neighbouring threads read
 // neighbouring words. Bias gradient of T=100, N=32, 3H=768: 2.5 M adds over 9.8 MB, in 25
@@ -120,6 +124,7 @@ kernel void column_sums(device const float* a [[buffer(CB_A)]],
 
 INSTANTIATE_KERNEL(column_sums_f32, column_sums<float>)
 INSTANTIATE_KERNEL(column_sums_f16, column_sums<half>)
+INSTANTIATE_BFLOAT_KERNEL(column_sums_bf16, column_sums<bfloat>)
 
 // R^T per direction, so the backward steps read rows of R^T (contiguous) instead of
 // columns of R. 4*G*H*H bytes each way once per call. (Not named transpose: Metal's
@@ -137,3 +142,4 @@ kernel void transpose_matrix(device const T* in [[buffer(TB_IN)]], device T* out
 
 INSTANTIATE_KERNEL(transpose_f32, transpose_matrix<float>)
 INSTANTIATE_KERNEL(transpose_f16, transpose_matrix<half>)
+INSTANTIATE_BFLOAT_KERNEL(transpose_bf16, transpose_matrix<bfloat>)

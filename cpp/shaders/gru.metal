@@ -41,16 +41,17 @@ inline void gru_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   if (has_secondary_bias) q += float(b2[col]);
   if (training) {
     device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
-    zr[0] = pre0;
-    zr[H] = pre1;
-    zr[2 * H] = q;
-    zr[3 * H] = float(x[2 * H]);
+    zr[0] = T(pre0);
+    zr[H] = T(pre1);
+    zr[2 * H] = T(q);
+    zr[3 * H] = x[2 * H];
   }
   const float a0 = activate(act_0, pre0), a1 = activate(act_1, pre1);
   const float zg = gate_a == 0 ? a0 : a1;
   const float r = gate_b == 0 ? a0 : a1;
   const float o = activate(act_2, float(x[2 * H]) + r * q);
-  y[(st.t_out * p.N + n) * p.y_ld + col] = gru_update(zg, previous_state(h0, y, p, st, n, col), o);
+  y[(st.t_out * p.N + n) * p.y_ld + col] =
+      T(gru_update(zg, previous_state(h0, y, p, st, n, col), o));
 }
 
 // Reset-before, first dispatch: z and r; the workspace gets z (rows [0, N)) and
@@ -73,15 +74,15 @@ inline void gru_gates_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   const float pre1 = row_value<NB, 2>(acc, 1, lane) + float(x[H]);
   if (training) {
     device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 3 * H + u;
-    zr[0] = pre0;
-    zr[H] = pre1;
+    zr[0] = T(pre0);
+    zr[H] = T(pre1);
   }
   const float a0 = activate(act_0, pre0), a1 = activate(act_1, pre1);
   const float zg = gate_a == 0 ? a0 : a1;
   const float r = gate_b == 0 ? a0 : a1;
   const float h_masked = previous_state(h0, y, p, st, n, col) * mask_at(mask, p, n, col);
-  ws[n * p.y_ld + col] = zg;
-  ws[(p.N + n) * p.y_ld + col] = r * h_masked;
+  ws[n * p.y_ld + col] = T(zg);
+  ws[(p.N + n) * p.y_ld + col] = T(r * h_masked);
 }
 
 // Reset-before, second dispatch: a_o = x'_o + R_o u, then the update.
@@ -98,9 +99,9 @@ inline void gru_candidate_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   const int col = d * H + u;
   const float a_o = row_value<NB, 1>(acc, 0, lane) +
                     float(xp[(st.t_in * p.N + n) * p.xp_ld + d * 3 * H + 2 * H + u]);
-  if (training) z[(st.t_out * p.N + n) * p.z_ld + d * 3 * H + 2 * H + u] = a_o;
-  y[(st.t_out * p.N + n) * p.y_ld + col] = gru_update(
-      float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col), activate(act_2, a_o));
+  if (training) z[(st.t_out * p.N + n) * p.z_ld + d * 3 * H + 2 * H + u] = T(a_o);
+  y[(st.t_out * p.N + n) * p.y_ld + col] = T(gru_update(
+      float(ws[n * p.y_ld + col]), previous_state(h0, y, p, st, n, col), activate(act_2, a_o)));
 }
 
 DEFINE_STEP_KERNEL(gru_step, FORWARD_BUFFERS, SB)
@@ -154,7 +155,7 @@ inline void gru_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   device float* direct = carry + (CARRY_DIRECT * p.N + n) * p.y_ld + col;
   const float carry_h = s + 1 < p.T ? lane_value<NB>(acc, lane) * m + float(*direct) : 0.0f;
   if (s < 0) {
-    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    if (want_dh0) dh0[n * p.y_ld + col] = T(carry_h);
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);
@@ -201,7 +202,7 @@ inline void gru_backward_zo_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
     carry_h = (lane_value<NB>(acc, lane) + du_next * r_next) * m + float(*direct);
   }
   if (s < 0) {
-    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    if (want_dh0) dh0[n * p.y_ld + col] = T(carry_h);
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);

@@ -33,7 +33,7 @@ inline void lstm_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   }
   if (training) {
     device T* zr = z + (st.t_out * p.N + n) * p.z_ld + d * 4 * H + u;
-    for (int g = 0; g < 4; ++g) zr[g * H] = pre[g];
+    for (int g = 0; g < 4; ++g) zr[g * H] = T(pre[g]);
   }
   const float a0 = activate(act_0, pre[0]), a1 = activate(act_1, pre[1]),
               a2 = activate(act_2, pre[2]), a3 = activate(act_3, pre[3]);
@@ -41,8 +41,8 @@ inline void lstm_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
               zc = pick4(gate_c, a0, a1, a2, a3), o = pick4(gate_d, a0, a1, a2, a3);
   const float cell = f * c_prev + i * zc;
   const int out = (st.t_out * p.N + n) * p.y_ld + col;
-  c[out] = cell;
-  y[out] = o * activate(cell_act, cell);
+  c[out] = T(cell);
+  y[out] = T(o * activate(cell_act, cell));
 }
 
 DEFINE_STEP_KERNEL(lstm_step, FORWARD_BUFFERS, SB)
@@ -64,8 +64,8 @@ inline void lstm_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   const float carry_h = lane_value<NB>(acc, lane) * m;
   device float* dc_carry = carry + (CARRY_CELL * p.N + n) * p.y_ld + col;
   if (s < 0) {
-    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
-    if (want_dc0) dc0[n * p.y_ld + col] = float(*dc_carry);
+    if (want_dh0) dh0[n * p.y_ld + col] = T(carry_h);
+    if (want_dc0) dc0[n * p.y_ld + col] = T(*dc_carry);
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);

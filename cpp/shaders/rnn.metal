@@ -20,8 +20,8 @@ inline void rnn_step_at(STEP_BODY_PARAMS(FORWARD_BUFFERS, T)) {
   STEP_LANE_ROW;
   const float pre =
       row_value<NB, 1>(acc, 0, lane) + float(xp[(st.t_in * p.N + n) * p.xp_ld + d * p.H + u]);
-  if (training) z[(st.t_out * p.N + n) * p.z_ld + d * p.H + u] = pre;
-  y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = activate(act_0, pre);
+  if (training) z[(st.t_out * p.N + n) * p.z_ld + d * p.H + u] = T(pre);
+  y[(st.t_out * p.N + n) * p.y_ld + d * p.H + u] = T(activate(act_0, pre));
 }
 
 DEFINE_STEP_KERNEL(rnn_step, FORWARD_BUFFERS, SB)
@@ -42,7 +42,7 @@ inline void rnn_backward_at(STEP_BODY_PARAMS(BACKWARD_BUFFERS, T)) {
   const float m = mask_at(mask, p, n, col);
   const float carry_h = lane_value<NB>(acc, lane) * m;
   if (s < 0) {
-    if (want_dh0) dh0[n * p.y_ld + col] = carry_h;
+    if (want_dh0) dh0[n * p.y_ld + col] = T(carry_h);
     return;
   }
   const int ti = time_in(p, d, s), to = time_out(p, d, s);

@@ -5,11 +5,15 @@
 // selector) and jumps to it with every argument register and the stack untouched, so each fake
 // method is a plain function with the exact signature metal-cpp casts objc_msgSend to. An
 // unknown selector aborts, naming it. The fakes model what the executor relies on: device
-// discovery (MTLCreateSystemDefaultDevice, MTLCopyAllDevices), GPU families, buffers (with
-// Metal's rule that bytes-no-copy buffers are page-aligned), pipelines (their SIMD-group width)
-// and the compute encoder, which records every binding. Nothing is computed.
+// discovery (MTLCreateSystemDefaultDevice, MTLCopyAllDevices), GPU families, the OS version
+// (NSProcessInfo), libraries (the stand-in metallibs of tests/apple_host/xcrun: a metal3.1 one
+// loads only on macOS 14 and later and alone has the bfloat16 kernels), buffers (with Metal's
+// rule that bytes-no-copy buffers are page-aligned), pipelines (their SIMD-group width) and the
+// compute encoder, which records every binding. Nothing is computed.
 //
-//   fake_metal <scenario>     scenarios: see main(); prints "ok ..." / "FAIL ..." lines
+//   fake_metal <scenario>     scenarios: see run_scenario(); prints "ok ..." / "FAIL ..."
+//                             lines. Each runs on macOS 14.0.0 unless it says otherwise: the
+//                             oldest OS that loads the macOS 14 library, the one most run.
 //
 // Built and run by tests/test_apple_host.py. Each scenario is a process of its own: the
 // executor probes the GPU once per process.
@@ -20,7 +24,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,6 +40,12 @@
 #if !defined(__x86_64__) || !defined(__linux__)
 #error "the fake Objective-C runtime is written for x86-64 Linux"
 #endif
+
+// The embedded libraries, from the Metal object under test (cmake/metal.cmake).
+extern "C" const unsigned char rnncore_metallib[];
+extern "C" const unsigned long long rnncore_metallib_size;
+extern "C" const unsigned char rnncore_metallib_macos14[];
+extern "C" const unsigned long long rnncore_metallib_macos14_size;
 
 namespace {
 
@@ -212,6 +224,18 @@ struct Pipeline : Object {
 struct Data : Object {
   std::vector<unsigned char> bytes;
 };
+struct Library : Object {
+  std::string language;  // "metal3.0", "metal3.1": the -std its .air files were compiled with
+};
+int live_functions = 0;
+struct Function : Object {
+  Function() { ++live_functions; }
+  ~Function() override { --live_functions; }
+};
+// NS::OperatingSystemVersion: 24 bytes, so passed in memory (on the stack) on x86-64.
+struct OsVersion {
+  long major, minor, patch;
+};
 
 // What the executor did.
 struct SetBuffer {
@@ -221,15 +245,20 @@ struct SetBuffer {
 struct Log {
   std::vector<Buffer*> buffers;  // every buffer created (kept alive for inspection)
   std::vector<SetBuffer> bindings;
-  std::vector<std::string> functions;
+  std::vector<std::string> functions;  // newFunctionWithName:constantValues:error:
+  std::vector<std::string> probes;     // newFunctionWithName:
   int dispatches = 0, pipelines_set = 0, commits = 0, waits = 0, encoders = 0;
   bool ended = false, committed = false, waited = false;
-  size_t library_bytes = 0;
+  std::vector<unsigned char> library;  // the bytes of the library last loaded
+  std::string library_from;            // "data" or the file's path
+  std::string library_language;        // its -std, "" when refused
   std::string device_used;
 } record;
 
 Device* the_default = nullptr;
 std::vector<Device*> all_devices;
+OsVersion os_version = {14, 0, 0};  // the macOS the scenario runs on
+std::string library_refusal;        // when set, every library load fails with this error
 
 Object* retain(Object* self, SEL) {
   ++self->refs;
@@ -256,6 +285,11 @@ String* string_with(Object*, SEL, const char* text, UInteger encoding) {
   return s;
 }
 const char* utf8(String* self, SEL) { return self->text.c_str(); }
+String* error_text(Object* self, SEL) {
+  String* s = make<String>("NSString");
+  s->text = static_cast<String*>(self)->text;
+  return s;
+}
 UInteger count(Array* self, SEL) { return self->items.size(); }
 Object* object_at(Array* self, SEL, UInteger i) { return self->items.at(i); }
 
@@ -268,11 +302,68 @@ bool supports_family(Device* self, SEL, UInteger family) {
   if (family >= 1001 && family <= 1010) return self->apple7 || family < 1007;
   return family == 2002 || family == 3001;  // Mac2, Common1
 }
-Object* new_library(Device* self, SEL, Data* data, Object** error) {
-  if (error) *error = nullptr;
-  record.library_bytes = data->bytes.size();
+Object* make_error(const std::string& text) {
+  String* e = make<String>("NSError");  // an error whose description is its text
+  e->text = text;
+  return e;
+}
+bool at_least(const OsVersion& v) {
+  if (os_version.major != v.major) return os_version.major > v.major;
+  if (os_version.minor != v.minor) return os_version.minor > v.minor;
+  return os_version.patch >= v.patch;
+}
+
+// A stand-in metallib (tests/apple_host/xcrun): its magic line, then "std <language>".
+Library* load_library(Device* self, const std::vector<unsigned char>& bytes,
+                      const std::string& from, Object** error) {
+  record.library.assign(bytes.begin(), bytes.end());
+  record.library_from = from;
+  record.library_language.clear();
   record.device_used = self->name;
-  return make<Object>("MTLLibrary");
+  const std::string text(bytes.begin(), bytes.end());
+  const std::string magic = "rnncore stand-in metallib v2\nstd ";
+  std::string refusal = library_refusal;
+  std::string language;
+  if (refusal.empty() && text.compare(0, magic.size(), magic) != 0)
+    refusal = "fake: not a (stand-in) metallib";
+  if (refusal.empty()) {
+    language = text.substr(magic.size(), text.find('\n', magic.size()) - magic.size());
+    if (language != "metal3.0" && language != "metal3.1")
+      refusal = "fake: unknown Metal language " + language;
+    // As on a Mac: an OS older than the library's language does not load it.
+    else if (language == "metal3.1" && !at_least({14, 0, 0}))
+      refusal = "fake: a metal3.1 library needs macOS 14";
+  }
+  if (!refusal.empty()) {
+    if (error) *error = make_error(refusal);
+    return nullptr;
+  }
+  if (error) *error = nullptr;
+  record.library_language = language;
+  Library* library = make<Library>("MTLLibrary");
+  library->language = language;
+  return library;
+}
+Library* new_library(Device* self, SEL, Data* data, Object** error) {
+  return load_library(self, data->bytes, "data", error);
+}
+Library* new_library_file(Device* self, SEL, String* path, Object** error) {
+  std::ifstream in(path->text, std::ios::binary);
+  if (!in) {
+    if (error) *error = make_error("fake: no such file " + path->text);
+    return nullptr;
+  }
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                         std::istreambuf_iterator<char>());
+  return load_library(self, bytes, path->text, error);
+}
+// Which kernels a library has: the bfloat16-storage ones only in the metal3.1 library (the
+// shaders instantiate them only under __HAVE_BFLOAT__); any other name is taken to exist.
+bool has_function(const Library* library, const std::string& name) {
+  const bool bfloat16 = name == "gemm_bbb" || name == "gemm_fbb" || name == "gemm_ffb" ||
+                        name == "gemm_fbf" ||
+                        (name.size() > 5 && name.compare(name.size() - 5, 5, "_bf16") == 0);
+  return !bfloat16 || library->language == "metal3.1";
 }
 Object* new_queue(Device*, SEL) { return make<Object>("MTLCommandQueue"); }
 UInteger max_tg_memory(Device*, SEL) { return 32 * 1024; }
@@ -308,11 +399,26 @@ Pipeline* new_pipeline(Device* self, SEL, Object*, Object** error) {
   p->width = self->simd_width;
   return p;
 }
-Object* new_function(Object*, SEL, String* name, Object*, Object** error) {
-  if (error) *error = nullptr;
+Function* new_function(Library* self, SEL, String* name, Object*, Object** error) {
   record.functions.push_back(name->text);
-  return make<Object>("MTLFunction");
+  if (!has_function(self, name->text)) {
+    if (error) *error = make_error("fake: no function " + name->text + " in the library");
+    return nullptr;
+  }
+  if (error) *error = nullptr;
+  return make<Function>("MTLFunction");
 }
+Function* new_function_unspecialised(Library* self, SEL, String* name) {
+  record.probes.push_back(name->text);
+  return has_function(self, name->text) ? make<Function>("MTLFunction") : nullptr;
+}
+Object* process_info(Object*, SEL) {
+  static Object* info = make<Object>("NSProcessInfo");
+  return info;
+}
+// The trampoline leaves the stack as the caller set it, so the struct is where this
+// signature expects it.
+bool is_at_least(Object*, SEL, OsVersion v) { return at_least(v); }
 UInteger pipeline_width(Pipeline* self, SEL) { return self->width; }
 UInteger pipeline_max_threads(Pipeline*, SEL) { return 1024; }
 UInteger pipeline_static_memory(Pipeline*, SEL) { return 0; }
@@ -380,17 +486,22 @@ std::map<std::string, FakeClass>& classes() {
     add("NSString", {{"UTF8String", imp(utf8)}});
     add("NSString class", {{"stringWithCString:encoding:", imp(string_with)}});
     add("NSArray", {{"count", imp(count)}, {"objectAtIndex:", imp(object_at)}});
+    add("NSError", {{"localizedDescription", imp(error_text)}});
+    add("NSProcessInfo", {{"isOperatingSystemAtLeastVersion:", imp(is_at_least)}});
+    add("NSProcessInfo class", {{"processInfo", imp(process_info)}});
     add("MTLDevice",
         {{"name", imp(device_name)},
          {"supportsFamily:", imp(supports_family)},
          {"newLibraryWithData:error:", imp(new_library)},
+         {"newLibraryWithFile:error:", imp(new_library_file)},
          {"newCommandQueue", imp(new_queue)},
          {"maxThreadgroupMemoryLength", imp(max_tg_memory)},
          {"newBufferWithLength:options:", imp(new_buffer)},
          {"newBufferWithBytes:length:options:", imp(new_buffer_bytes)},
          {"newBufferWithBytesNoCopy:length:options:deallocator:", imp(new_buffer_nocopy)},
          {"newComputePipelineStateWithFunction:error:", imp(new_pipeline)}});
-    add("MTLLibrary", {{"newFunctionWithName:constantValues:error:", imp(new_function)}});
+    add("MTLLibrary", {{"newFunctionWithName:constantValues:error:", imp(new_function)},
+                       {"newFunctionWithName:", imp(new_function_unspecialised)}});
     add("MTLFunction", {});
     add("MTLFunctionConstantValues", {{"setConstantValue:type:atIndex:", imp(set_constant)}});
     add("MTLFunctionConstantValues class", {{"alloc", imp(alloc_constants)}});
@@ -513,7 +624,7 @@ m::Plan plan_with(const std::vector<std::pair<m::Buffer, int64_t>>& sizes) {
 int scenario_run() {
   m::Executor& ex = m::apple_executor();
   expect(record.device_used == "Apple M2 (fake)", "runs on the default device");
-  expect(record.library_bytes > 0, "loads the embedded metallib");
+  expect(!record.library.empty(), "loads an embedded metallib");
   const int64_t big = 64 * 1024 * 4;
   rnncore::Tensor out = ex.allocate({big / 4}, rnncore::DType::Float32);
   // Caller memory: page-aligned storage, so the offsets below are exact.
@@ -630,6 +741,68 @@ int scenario_simd_width() {
   return failures;
 }
 
+bool loaded(const unsigned char* bytes, unsigned long long size) {
+  return record.library.size() == size && std::memcmp(record.library.data(), bytes, size) == 0;
+}
+
+std::string os_name() {
+  return "macOS " + std::to_string(os_version.major) + "." + std::to_string(os_version.minor) +
+         "." + std::to_string(os_version.patch);
+}
+
+// The embedded library the executor picks for the OS, and whether it then offers bfloat16.
+int scenario_os(bool macos14) {
+  m::Executor& ex = m::apple_executor();
+  const std::string os = os_name();
+  if (macos14) {
+    expect(record.library_language == "metal3.1" &&
+               loaded(rnncore_metallib_macos14, rnncore_metallib_macos14_size),
+           os + ": loads the embedded macOS 14 library (metal3.1)");
+    expect(ex.computes_bfloat16(), os + ": computes bfloat16 (the library has gemm_bbb)");
+  } else {
+    expect(record.library_language == "metal3.0" && loaded(rnncore_metallib, rnncore_metallib_size),
+           os + ": loads the embedded macOS 13 library (metal3.0)");
+    expect(!ex.computes_bfloat16(), os + ": no bfloat16 (the library has no gemm_bbb)");
+  }
+  expect(record.probes == std::vector<std::string>{"gemm_bbb"}, "asks the library for gemm_bbb");
+  ex.computes_bfloat16();
+  expect(record.probes.size() == 1, "once, at construction");
+  expect(live_functions == 0, "and releases the function it got");
+  expect(record.functions.empty(), "no kernel was specialised");
+  return failures;
+}
+
+// RNNCORE_METALLIB (set by the test to the metal3.0 library) on macOS 14: the file is loaded,
+// and it, not the OS, decides bfloat16.
+int scenario_metallib_env() {
+  const char* path = std::getenv("RNNCORE_METALLIB");
+  expect(path && *path, "RNNCORE_METALLIB names a file");
+  if (!path || !*path) return failures;
+  m::Executor& ex = m::apple_executor();
+  expect(record.library_from == path, "loads the file RNNCORE_METALLIB names");
+  expect(record.library_language == "metal3.0" && !ex.computes_bfloat16(),
+         "a metal3.0 file on " + os_name() + " computes no bfloat16 (the library answers)");
+  return failures;
+}
+
+// Metal refuses the library: the error names the embedded library that failed, and a later
+// call tries again.
+int scenario_load_error() {
+  library_refusal = "fake: refused by the GPU";
+  for (const OsVersion& v : {OsVersion{13, 6, 0}, OsVersion{14, 2, 1}}) {
+    os_version = v;
+    const std::string which = v.major >= 14 ? "macOS 14 library" : "macOS 13 library";
+    const std::string e = run_error(os_name(), [] { m::apple_executor(); });
+    expect(contains(e, "could not load the Metal library") && contains(e, which) &&
+               contains(e, library_refusal),
+           os_name() + ": the error names the " + which + " and Metal's reason: " + e);
+  }
+  library_refusal.clear();
+  expect(m::apple_executor().computes_bfloat16() && record.library_language == "metal3.1",
+         "once Metal accepts it, the next call loads the macOS 14 library");
+  return failures;
+}
+
 }  // namespace
 
 int run_scenario(const std::string& scenario) {
@@ -655,8 +828,24 @@ int run_scenario(const std::string& scenario) {
     the_default = device("Apple M9 (fake, 64-wide)", true, 64);
     return scenario_simd_width();
   }
+  if (scenario == "macos13" || scenario == "macos14" || scenario == "macos15") {
+    the_default = device("Apple M2 (fake)", true);
+    os_version = scenario == "macos13"   ? OsVersion{13, 7, 1}
+                 : scenario == "macos14" ? OsVersion{14, 0, 0}
+                                         : OsVersion{15, 3, 2};
+    return scenario_os(scenario != "macos13");
+  }
+  if (scenario == "metallib-env") {
+    the_default = device("Apple M2 (fake)", true);
+    return scenario_metallib_env();
+  }
+  if (scenario == "load-error") {
+    the_default = device("Apple M2 (fake)", true);
+    return scenario_load_error();
+  }
   std::fprintf(stderr,
-               "usage: fake_metal run|steps|nil-default|no-gpu|not-apple-silicon|simd-width\n");
+               "usage: fake_metal run|steps|nil-default|no-gpu|not-apple-silicon|simd-width|"
+               "macos13|macos14|macos15|metallib-env|load-error\n");
   return 2;
 }
 

@@ -77,6 +77,12 @@ struct uint3 {
 // Metal's half: clang's storage-only __fp16 (arithmetic promotes to float, as in Metal).
 // C++ for OpenCL has `half` built in (cl_khr_fp16).
 typedef __fp16 half;
+#else
+// MSL 3.1's bfloat, in the OpenCL pass only: _Float16 is a 16-bit float type distinct from
+// half there (x86's clang 14 has neither it nor __bf16, so the C++14 pass checks the
+// kernels' float and half instances, the same template bodies).
+typedef _Float16 bfloat;
+#define __HAVE_BFLOAT__ 1
 #endif
 struct float2 {
   float x, y;

@@ -1,5 +1,6 @@
-"""The kernels as the Metal compiler reads them: preprocessed with __METAL_VERSION__ defined
-(include/metal_stdlib stands in for Metal's), split into tokens, with every [[attribute]]
+"""The kernels as the Metal compiler reads them: preprocessed as MSL 3.1 (__METAL_VERSION__
+and __HAVE_BFLOAT__ defined, so the bfloat instances are read too; include/metal_stdlib
+stands in for Metal's), split into tokens, with every [[attribute]]
 and every kernel's parameter list. Used by check_msl.py (the static checks) and by
 emulator_signatures.py (the host emulator's argument tables, at build time); standard
 library only, and any C preprocessor that takes -E -nostdinc -D -I (gcc, clang).
@@ -28,7 +29,8 @@ def preprocess(cpp, source, include_dirs=()):
         "-x",
         "c++",
         "-nostdinc",
-        "-D__METAL_VERSION__=300",
+        "-D__METAL_VERSION__=310",
+        "-D__HAVE_BFLOAT__=1",
         "-include",
         str(STDLIB_DIR / "project_macros.h"),
         "-I",

@@ -34,8 +34,8 @@ Backend& backend_for(Device device, const Problem& p, bool gradients) {
     throw TypeError("[" + op + "] device '" + be.name() + "' computes " + be.dtypes() + ", not " +
                     dtype_name(p.dtype) + "; " +
                     (p.dtype == DType::BFloat16
-                         ? "bfloat16 storage is computed on device 'cpu' (the Metal kernels "
-                           "have no bfloat variant: MSL's bfloat needs macOS 14)"
+                         ? "bfloat16 storage on Metal needs macOS 14 (MSL 3.1's bfloat); "
+                           "device 'cpu' computes it everywhere"
                          : std::string(dtype_name(p.dtype)) + " is computed on device 'cpu'"));
   be.admit(p, gradients);
   return be;

@@ -27,9 +27,12 @@
 #include "metal/executor.hpp"
 #include "rnncore/error.hpp"
 
-// rnncore.metallib, embedded by cmake/metal.cmake.
+// The kernels, embedded by cmake/metal.cmake: compiled with -std=metal3.0 (loads on macOS
+// 13), and with -std=metal3.1 (macOS 14 and later; adds the bfloat16-storage kernels).
 extern "C" const unsigned char rnncore_metallib[];
 extern "C" const unsigned long long rnncore_metallib_size;
+extern "C" const unsigned char rnncore_metallib_macos14[];
+extern "C" const unsigned long long rnncore_metallib_macos14_size;
 
 namespace rnncore::metal {
 
@@ -110,19 +113,25 @@ const Probe& probe() {
   return result;
 }
 
-// The embedded metallib, or the file named by RNNCORE_METALLIB (for kernel development).
+// The embedded metallib this OS runs (a metal3.1 library does not load before macOS 14), or
+// the file named by RNNCORE_METALLIB (for kernel development).
 NS::SharedPtr<MTL::Library> load_library(MTL::Device* device) {
   NS::Error* error = nullptr;
   MTL::Library* library = nullptr;
-  std::string source = "embedded rnncore.metallib";
+  std::string source;
   if (const char* path = std::getenv("RNNCORE_METALLIB"); path && *path) {
     source = path;
     library = device->newLibrary(ns_string(source), &error);
   } else {
+    const bool macos14 =
+        NS::ProcessInfo::processInfo()->isOperatingSystemAtLeastVersion({14, 0, 0});
+    const unsigned char* bytes = macos14 ? rnncore_metallib_macos14 : rnncore_metallib;
+    const auto size =
+        static_cast<size_t>(macos14 ? rnncore_metallib_macos14_size : rnncore_metallib_size);
+    source = macos14 ? "embedded macOS 14 library, MSL 3.1" : "embedded macOS 13 library, MSL 3.0";
     // DESTRUCTOR_DEFAULT copies the bytes, so no block is needed to keep them alive.
     dispatch_data_t data =
-        dispatch_data_create(rnncore_metallib, static_cast<size_t>(rnncore_metallib_size), nullptr,
-                             DISPATCH_DATA_DESTRUCTOR_DEFAULT);
+        dispatch_data_create(bytes, size, nullptr, DISPATCH_DATA_DESTRUCTOR_DEFAULT);
     library = device->newLibrary(data, &error);
     dispatch_release(data);
   }
@@ -130,6 +139,16 @@ NS::SharedPtr<MTL::Library> load_library(MTL::Device* device) {
     throw DeviceError("[metal] could not load the Metal library (" + source +
                       "): " + describe(error));
   return NS::TransferPtr(library);
+}
+
+// Whether the library has the bfloat16 kernels: asked of the library, not the OS, so a
+// RNNCORE_METALLIB file answers for itself. (A kernel with function constants still comes
+// back, unspecialised.)
+bool has_bfloat16_kernels(MTL::Library* library) {
+  MTL::Function* function = library->newFunction(ns_string("gemm_bbb"));
+  if (!function) return false;
+  function->release();
+  return true;
 }
 
 // A buffer bound for one call, and the byte offset of the array inside it.
@@ -149,6 +168,7 @@ class AppleExecutor final : public Executor {
         apple::gpu_refusal(gpu_, device_->supportsFamily(MTL::GPUFamilyApple7));
     if (!refusal.empty()) throw DeviceError(refusal);
     library_ = load_library(device_.get());
+    bfloat16_ = has_bfloat16_kernels(library_.get());
     queue_ = NS::TransferPtr(device_->newCommandQueue());
     if (!queue_) throw DeviceError("[metal] could not create a Metal command queue");
     placeholder_ = NS::TransferPtr(device_->newBuffer(16, MTL::ResourceStorageModePrivate));
@@ -157,6 +177,8 @@ class AppleExecutor final : public Executor {
   }
 
   const char* name() const override { return "metal"; }
+
+  bool computes_bfloat16() const override { return bfloat16_; }
 
   Tensor allocate(const Shape& shape, DType dtype) override {
     const auto bytes = static_cast<uint64_t>(shape_numel(shape) * dtype_size(dtype));
@@ -454,6 +476,7 @@ class AppleExecutor final : public Executor {
   NS::SharedPtr<MTL::Device> device_;
   std::string gpu_;
   NS::SharedPtr<MTL::Library> library_;
+  bool bfloat16_ = false;  // the library has the bfloat16 kernels
   NS::SharedPtr<MTL::CommandQueue> queue_;
   NS::SharedPtr<MTL::Buffer> placeholder_;
   uint64_t page_size_;  // 16 KiB on Apple silicon

@@ -1,5 +1,5 @@
-// The Metal backend (see backend.hpp): float32 and float16; every op, forward or gradients,
-// is one plan, run as one submission.
+// The Metal backend (see backend.hpp): float32, float16 and (macOS 14) bfloat16; every op, forward
+// or gradients, is one plan, run as one submission.
 #include "metal/backend.hpp"
 
 #include <initializer_list>
@@ -19,8 +19,13 @@ class MetalBackend final : public detail::Backend {
  public:
   explicit MetalBackend(Executor& e) : executor_(e) {}
   const char* name() const override { return executor_.name(); }
-  const char* dtypes() const override { return "float32 and float16"; }
-  bool computes(DType d) const override { return d == DType::Float32 || d == DType::Float16; }
+  const char* dtypes() const override {
+    return executor_.computes_bfloat16() ? "float32, float16 and bfloat16" : "float32 and float16";
+  }
+  bool computes(DType d) const override {
+    return d == DType::Float32 || d == DType::Float16 ||
+           (d == DType::BFloat16 && executor_.computes_bfloat16());
+  }
   void admit(const Problem& p, bool gradients) const override { check_extents(p, gradients); }
 
   Tensor allocate(const Shape& shape, DType dtype) override {

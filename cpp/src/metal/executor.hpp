@@ -19,6 +19,8 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual const char* name() const = 0;  // "metal", "metal-emulated"
+  // Whether its kernels include bfloat16 storage (MSL 3.1's bfloat: macOS 14 and later).
+  virtual bool computes_bfloat16() const = 0;
   // Output memory the device writes and the caller reads in place (on Apple: a
   // shared-storage MTLBuffer kept alive by the returned Tensor).
   virtual Tensor allocate(const Shape& shape, DType dtype) = 0;

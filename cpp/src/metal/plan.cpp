@@ -71,7 +71,9 @@ constexpr int64_t kMaxElements = std::numeric_limits<int32_t>::max();
 constexpr int64_t kF32 = 4;  // threadgroup memory is float32 whatever the storage type
 
 // Kernel-name suffix of the storage type.
-const char* suffix(DType d) { return d == DType::Float16 ? "f16" : "f32"; }
+const char* suffix(DType d) {
+  return d == DType::Float16 ? "f16" : d == DType::BFloat16 ? "bf16" : "f32";
+}
 
 template <class Params>
 BytesArg bytes_of(uint32_t index, const Params& params) {
@@ -189,7 +191,8 @@ void set(Plan& plan, Buffer b, int64_t elements, int64_t element_size = 0) {
 
 // The kernel-name letter of a buffer's element type.
 char letter(const Plan& plan, Buffer b) {
-  return plan.element_sizes[static_cast<int>(b)] == 2 ? 'h' : 'f';
+  if (plan.element_sizes[static_cast<int>(b)] == 4) return 'f';
+  return plan.storage == DType::BFloat16 ? 'b' : 'h';
 }
 
 int64_t byte_offset(const Plan& plan, Buffer b, int64_t elements) {
@@ -240,8 +243,9 @@ Dispatch gemm(const Plan& plan, Operand a, Operand b, Operand bias, Operand c,
 Dispatch column_sums(const Plan& plan, Operand a, Operand scale, Operand out,
                      const k::ColumnSumParams& c, uint64_t batches, uint64_t row_blocks = 1) {
   Dispatch d;
-  d.kernel = std::string("column_sums_") +
-             (plan.element_sizes[static_cast<int>(out.buffer)] == 2 ? "f16" : "f32");
+  d.kernel =
+      std::string("column_sums_") +
+      suffix(plan.element_sizes[static_cast<int>(out.buffer)] == 4 ? DType::Float32 : plan.storage);
   d.constants = {{k::FC_HAS_SCALE, FunctionConstant::Type::Bool, scale.used}};
   d.buffers.push_back({k::CB_A, a.buffer, byte_offset(plan, a.buffer, a.elements)});
   if (scale.used)
@@ -345,6 +349,7 @@ Plan plan_forward(const Problem& p, const MaskShape& mask) {
   check_extents(p, false);
 
   Plan plan;
+  plan.storage = p.dtype;
   plan.element_size = dtype_size(p.dtype);
   set(plan, Buffer::Source, T * N * K);
   set(plan, Buffer::RecurrentWeight, DGH * H);
@@ -478,6 +483,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   check_extents(p, true);
 
   Plan plan;
+  plan.storage = p.dtype;
   plan.element_size = dtype_size(p.dtype);
   set(plan, Buffer::Source, TN * K);
   set(plan, Buffer::RecurrentWeight, DGH * H);
@@ -503,7 +509,7 @@ Plan plan_gradients(const Problem& p, const GradientShape& gs) {
   if (peephole) set_out(plan, Buffer::DPeephole, D * 4 * H);
   if (gs.want_db2) set_out(plan, Buffer::DSecondaryBias, DH);
   // The steps' intermediates are float32 (kF32) whatever the storage type. Without an input
-  // weight dX' is the source gradient itself, unless it must be converted to float16.
+  // weight dX' is the source gradient itself, unless it must be narrowed to the storage type.
   const bool dxp_is_dsource = !W && p.dtype == DType::Float32;
   set_out(plan, Buffer::RecurrentT, DGH * H);
   if (!dxp_is_dsource) set_out(plan, Buffer::DProjected, TN * DGH, kF32);

@@ -106,8 +106,9 @@ struct Plan {
   // can write in place here.
   std::array<bool, kBufferCount> writes{};
   bool written(Buffer b) const { return writes[static_cast<int>(b)]; }
-  // Bytes per element of the storage type: 4 (float32) or 2 (float16), and of each buffer
-  // (the gradients keep their intermediates in float32 whatever the storage type).
+  // The storage type (float32, float16 or bfloat16), its bytes per element, and each
+  // buffer's (the gradients keep their intermediates in float32 whatever the storage type).
+  DType storage = DType::Float32;
   int64_t element_size = 4;
   std::array<int64_t, kBufferCount> element_sizes{};
   int64_t size(Buffer b) const { return sizes[static_cast<int>(b)]; }
@@ -130,8 +131,8 @@ struct MaskShape {
 // element indices; the plans call it, and the backend before it allocates anything.
 void check_extents(const detail::Problem& p, bool gradients);
 
-// The dispatches of a forward op (float32, or float16 storage): the input projection, then
-// one step dispatch per time step (two for a reset-before GRU). Refuses what check_extents
+// The dispatches of a forward op (float32, or float16 or bfloat16 storage): the input projection,
+// then one step dispatch per time step (two for a reset-before GRU). Refuses what check_extents
 // refuses.
 Plan plan_forward(const detail::Problem& p, const MaskShape& mask);
 
@@ -144,9 +145,9 @@ struct GradientShape {
   bool want_db2 = false;  // GRU reset-after with a secondary bias
 };
 
-// The dispatches of a gradient op (float32, or float16 storage): R^T, the gradient steps from T-1
-// down to 0 (two dispatches per step for a reset-before GRU) and one for the initial-state
-// gradients, then dR, dsource, dW as GEMMs and the bias, secondary-bias and peephole
+// The dispatches of a gradient op (float32, or float16 or bfloat16 storage): R^T, the gradient
+// steps from T-1 down to 0 (two dispatches per step for a reset-before GRU) and one for the
+// initial-state gradients, then dR, dsource, dW as GEMMs and the bias, secondary-bias and peephole
 // gradients as column sums.
 Plan plan_gradients(const detail::Problem& p, const GradientShape& g);
 

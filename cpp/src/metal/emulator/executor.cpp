@@ -232,10 +232,11 @@ class DispatchScope {
   const DispatchState* outer_;
 };
 
-// NaN in every element: float32 NaN words, or two float16 NaNs per word.
+// NaN in every element: float32 NaN words, or two 16-bit NaNs per word (0x7FC0 is a NaN
+// as float16 and as bfloat16).
 void poison(std::vector<float>& v, int64_t element_size = 4) {
   uint32_t bits = 0x7FC00000u;
-  if (element_size == 2) bits = 0x7E007E00u;
+  if (element_size == 2) bits = 0x7FC07FC0u;
   float f;
   std::memcpy(&f, &bits, 4);
   std::fill(v.begin(), v.end(), f);
@@ -273,6 +274,7 @@ void run_thread(void* ctx, const ThreadIds& ids) {
 class EmulatorExecutor final : public Executor {
  public:
   const char* name() const override { return "metal-emulated"; }
+  bool computes_bfloat16() const override { return true; }  // its C++ compiles the bfloat kernels
 
   Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
 

@@ -1,5 +1,5 @@
-// Metal's `half` for the kernels compiled as C++ (shim.hpp): float16 storage with the
-// conversions Metal and numpy use.
+// Metal's `half` and `bfloat` for the kernels compiled as C++ (shim.hpp): float16 and
+// bfloat16 storage with the conversions Metal and numpy (ml_dtypes) use.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,16 @@ struct half {
   half() = default;
   half(float f) : bits(float_to_half_bits(f)) {}  // NOLINT: implicit, like Metal's
   explicit operator float() const { return half_bits_to_float(bits); }
+};
+
+// MSL 3.1's `bfloat` as a storage type (round to nearest even, as Metal's conversion and
+// the CPU's). Both conversions are explicit, stricter than Metal: every store in a kernel is
+// written T(x), the one form every MSL version's bfloat and half accept alike.
+struct bfloat {
+  uint16_t bits = 0;
+  bfloat() = default;
+  explicit bfloat(float f) : bits(cpu::float_to_bfloat16(f)) {}
+  explicit operator float() const { return cpu::bfloat16_to_float(bits); }
 };
 
 }  // namespace rnncore::metal::emu

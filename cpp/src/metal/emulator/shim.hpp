@@ -20,6 +20,8 @@
 #define thread
 #define threadgroup
 #define constant const
+// The emulator has MSL 3.1's bfloat (the Metal compiler defines this from -std=metal3.1).
+#define __HAVE_BFLOAT__ 1
 
 namespace metal {
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
@@ -37,6 +39,7 @@ using uint = uint32_t;
 using ushort = uint16_t;
 using uint3 = rnncore::metal::emu::uint3;
 using half = rnncore::metal::emu::half;
+using bfloat = rnncore::metal::emu::bfloat;
 
 struct float2 {
   float x = 0.0f, y = 0.0f;
