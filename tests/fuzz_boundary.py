@@ -58,7 +58,13 @@ import warnings
 import ml_dtypes
 import numpy as np
 from cases import ACTIVATIONS as ACTIVATION_NAMES
-from cases import DEFAULT_ACTIVATIONS, FLAG_FIELDS, OPTIONAL_INPUTS, z_width
+from cases import (
+    DEFAULT_ACTIVATIONS,
+    FLAG_FIELDS,
+    OPTIONAL_INPUTS,
+    metal_computes_bfloat16,
+    z_width,
+)
 from util import FORWARD_TOL, GRADIENT_TOL
 
 import rnncore
@@ -119,9 +125,11 @@ def default_device():
 
 
 def device_dtypes(device):
-    """The dtypes a device computes (README "Devices")."""
+    """The dtypes a device computes (README "Devices"): bfloat16 on Metal needs macOS 14."""
     if device == "cpu":
         return ("float32", "float64", "float16", "bfloat16")
+    if device == "metal-emulated" or (device == "metal" and metal_computes_bfloat16()):
+        return ("float32", "float16", "bfloat16")
     return ("float32", "float16")
 
 
