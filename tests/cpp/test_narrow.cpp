@@ -12,6 +12,7 @@
 
 #include "cpu/fused.hpp"
 #include "cpu/narrow.hpp"
+#include "rnncore/info.hpp"
 
 namespace {
 
@@ -133,6 +134,50 @@ TEST(SplitGemm, MatchesTheFloat64ProductWithin16Bits) {
       }
     EXPECT_LT(worst, std::ldexp(1.0, -15)) << c.trans_a << " " << c.M << " " << c.n << " " << c.K;
     EXPECT_GT(worst, 0.0);  // not the float32 GEMM in disguise
+  }
+}
+
+// The input projection of bfloat16 storage on AMX tiles: x Wᵀ + bias of bfloat16 arrays as
+// they are (exact products, float32 sums), against float64 within float32's rounding of
+// the sums: 2.5e-7 of the terms' magnitudes (measured up to 8.1e-8), with ragged edges
+// (rows and columns off multiples of 32, K off multiples of 32, one row, odd K) and without
+// a bias; and every element's bits independent of the thread count.
+TEST(ProjectTiles, MatchesTheFloat64ProductOfTheBfloat16Arrays) {
+  const auto& ops = rnncore::cpu::fused_kernels().f32;
+  if (!ops.project_tiles) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
+  struct Case {
+    int64_t M, n, K;
+    bool bias;
+  };
+  const Case cases[] = {{64, 64, 32, true}, {100, 96, 256, true}, {33, 17, 7, true},
+                        {1, 40, 65, false}, {70, 31, 1, true},    {32, 1024, 256, false}};
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  auto bits = [&] { return rnncore::cpu::float_to_bfloat16(normal(gen)); };
+  for (const Case& c : cases) {
+    std::vector<uint16_t> x(c.M * c.K), w(c.n * c.K);
+    for (uint16_t& v : x) v = bits();
+    for (uint16_t& v : w) v = bits();
+    std::vector<float> bias(c.n), C(c.M * c.n, -1.0f), C1(c.M * c.n, -2.0f);
+    for (float& b : bias) b = normal(gen);
+    ops.project_tiles(c.M, c.n, c.K, x.data(), w.data(), c.bias ? bias.data() : nullptr, C.data());
+    double worst = 0;
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double sum = c.bias ? bias[j] : 0.0, mag = std::abs(sum);
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double t = double(rnncore::cpu::bfloat16_to_float(x[m * c.K + k])) *
+                           rnncore::cpu::bfloat16_to_float(w[j * c.K + k]);
+          sum += t;
+          mag += std::abs(t);
+        }
+        worst = std::max(worst, std::abs(C[m * c.n + j] - sum) / mag);
+      }
+    EXPECT_LT(worst, 2.5e-7) << c.M << " " << c.n << " " << c.K;
+    rnncore::set_num_threads(1);
+    ops.project_tiles(c.M, c.n, c.K, x.data(), w.data(), c.bias ? bias.data() : nullptr, C1.data());
+    rnncore::set_num_threads(0);
+    EXPECT_EQ(0, std::memcmp(C.data(), C1.data(), C.size() * sizeof(float)));
   }
 }
 

@@ -315,6 +315,90 @@ struct AmxGemm {
     }
   }
 
+  // ---- the input projection of bfloat16 storage: x' = x Wᵀ + bias ---------------------
+  // Row-block i (16 rows, zeros past `rows`) of X [rows, K] of bfloat16 bits (K apart),
+  // into KB tiles of 16 × 32 (k fastest); transposed as 32-bit lanes (pairs of k) they are
+  // B tiles: 16 pairs × 16 columns, column c being X's row i·16 + c.
+  static void pack_bits(const uint16_t* X, int64_t rows, int64_t K, int64_t i, int64_t KB,
+                        bool transposed, uint16_t* out) {
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const int64_t k0 = kb * 32;
+      const __mmask32 m = K - k0 >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k0)) - 1;
+      __m512i r[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const int64_t row = i * 16 + q;
+        r[q] = row < rows ? _mm512_maskz_loadu_epi16(m, X + row * K + k0) : _mm512_setzero_si512();
+      }
+      if (transposed) transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(out + (i * KB + kb) * kTile + q * 32, r[q]);
+    }
+  }
+
+  // C [M, n] (n apart) = x [M, K] · w [n, K]ᵀ (+ bias [n]) for bfloat16 x and w (bits): exact
+  // products, float32 sums (as vdpbf16ps's). w's tiles are packed once and stay in L2; each
+  // task takes 32 rows of x (packed in L1) past all of them, 32 × 32 of C per pass, the
+  // accumulators starting from the bias (a tile load of stride 0 repeats its row). Every
+  // element's sum runs in one fixed order: the bits do not depend on the threads.
+  static void project(int64_t M, int64_t n, int64_t K, const uint16_t* x, const uint16_t* w,
+                      const float* bias, float* C) {
+    if (M <= 0 || n <= 0) return;
+    const int64_t KB = (K + 31) / 32, NB2 = (n + 31) / 32;
+    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB2 * KB * kTile)]);
+    std::vector<float> bias_pad(static_cast<size_t>(NB2 * 32), 0.0f);
+    if (bias) std::copy(bias, bias + n, bias_pad.begin());
+    ThreadPool& pool = ThreadPool::instance();
+    pool.parallel_for(2 * NB2, [&](int64_t j) { pack_bits(w, n, K, j, KB, true, Bp.get()); });
+    pool.parallel_for((M + 31) / 32, [&](int64_t t) {
+      thread_local std::vector<uint16_t> buf;
+      buf.resize(static_cast<size_t>(2 * KB * kTile));
+      uint16_t* A = buf.data();
+      pack_bits(x + t * 32 * K, M - t * 32, K, 0, KB, false, A);
+      pack_bits(x + t * 32 * K, M - t * 32, K, 1, KB, false, A);
+      alignas(64) float edge[32 * 32];
+      amx_configure(16);
+      const int64_t rows = std::min<int64_t>(32, M - t * 32);
+      for (int64_t bj = 0; bj < NB2; ++bj) {
+        const int64_t cols = std::min<int64_t>(32, n - bj * 32);
+        const bool direct = rows == 32 && cols == 32;
+        float* c = direct ? C + t * 32 * n + bj * 32 : edge;
+        const int64_t sc = (direct ? n : 32) * 4;
+        if (bias) {
+          const float* b = bias_pad.data() + bj * 32;
+          _tile_loadd(0, b, 0);
+          _tile_loadd(1, b + 16, 0);
+          _tile_loadd(2, b, 0);
+          _tile_loadd(3, b + 16, 0);
+        } else {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        }
+        const uint16_t* b0 = Bp.get() + 2 * bj * KB * kTile;
+        const uint16_t* b1 = b0 + KB * kTile;
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const int64_t o = kb * kTile;
+          _tile_loadd(4, A + o, 64);
+          _tile_loadd(5, A + KB * kTile + o, 64);
+          _tile_loadd(6, b0 + o, 64);
+          _tile_loadd(7, b1 + o, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c, sc);
+        _tile_stored(1, c + 16, sc);
+        _tile_stored(2, c + 16 * (sc / 4), sc);
+        _tile_stored(3, c + 16 * (sc / 4) + 16, sc);
+        if (!direct)
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(C + (t * 32 + r) * n + bj * 32, edge + r * 32,
+                        static_cast<size_t>(cols) * sizeof(float));
+      }
+    });
+  }
+
   // ---- the backward steps' product with R (bfloat16 storage: R exact in bfloat16) -------
   // B [K, n] as tiles of its bfloat16 values (its hi parts; lo is zero for such a B).
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {

@@ -452,15 +452,21 @@ detail::ForwardArrays widen_inputs(const Problem& p, const detail::ForwardArrays
   return f;
 }
 
-// x' = source · Wᵀ + bias of bfloat16 storage by vdpbf16ps: the products of two bfloat16
-// are exact in float32 and the sums float32, as in the float32 GEMM on the widened arrays
-// (bias: widened).
+// x' = source · Wᵀ + bias of bfloat16 storage by vdpbf16ps, or AMX tiles: the products of
+// two bfloat16 are exact in float32 and the sums float32, as in the float32 GEMM on the
+// widened arrays (bias: widened).
 Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const void* bias) {
   const FusedOps<float>& k = fused_kernels().f32;
   const int64_t M = p.T * p.N, K = p.I, K2 = (K + 1) / 2, n = p.D * p.gh();
   const int64_t GW = k.pair_columns, nq = (n + GW - 1) / GW;  // groups of columns
   Tensor out = Tensor::empty({p.T, p.N, n}, DType::Float32);
   const uint16_t* x = static_cast<const uint16_t*>(a.source);
+  // With AMX, tiles from 32 rows (a tile product costs the same for fewer rows).
+  if (k.project_tiles && M >= 32) {
+    k.project_tiles(M, n, K, x, static_cast<const uint16_t*>(a.input_weight),
+                    static_cast<const float*>(bias), out.ptr<float>());
+    return out;
+  }
   std::vector<uint16_t> padded;  // an odd K: rows padded with a zero to whole pairs
   if (K % 2) {
     padded.assign(static_cast<size_t>(M * K2 * 2), 0);

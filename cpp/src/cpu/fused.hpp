@@ -58,6 +58,10 @@ struct FusedOps {
   void (*pack_tiles)(const T* B, int64_t K, int64_t n, uint16_t* out);
   void (*matmul_tiles)(const T* A, int64_t lda, int64_t M, int64_t K, const uint16_t* packed,
                        int64_t n, T* C, int64_t ldc, bool accumulate);
+  // The input projection of bfloat16 storage on AMX (null without): C [M, n] = x [M, K] ·
+  // w [n, K]ᵀ (+ bias), x and w bfloat16 bits, row-major.
+  void (*project_tiles)(int64_t M, int64_t n, int64_t K, const uint16_t* x, const uint16_t* w,
+                        const T* bias, T* C);
   // Whether the fused forward reads float16 / bfloat16 storage's R in 16 bits (then it
   // needs no float32 copy of R).
   bool narrow_panels;

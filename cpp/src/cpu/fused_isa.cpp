@@ -29,12 +29,14 @@ FusedOps<T> ops() {
                 nullptr,
                 nullptr,
                 nullptr,
+                nullptr,
                 F::kHalfPanels};
 #if RNNCORE_FUSED_AMX
   if constexpr (std::is_same_v<T, float>) {  // bfloat16 storage's gradients (amx_gemm.hpp)
     o.split_gemm = &AmxGemm::gemm;
     o.pack_tiles = &AmxGemm::pack_tiles;
     o.matmul_tiles = &AmxGemm::matmul_tiles;
+    o.project_tiles = &AmxGemm::project;
   }
 #endif
   return o;
