@@ -881,6 +881,26 @@ struct Fused {  // S: the scalar type
       }
   }
 
+  // Step s + 1's rows of x' when x' outgrows L2 (null otherwise, or at the last step): at
+  // large batches x' (T·N·G·H) lives in memory, and a step's epilogue waited on its rows
+  // (half the LSTM's epilogue at N = 32). Each row's units are asked of L2 a step ahead by
+  // the thread that will most likely run them (its home chunk), a few lines at a time.
+  static const S* next_x(const Problem& p, const Dir& a, int64_t s) {
+    if (s + 1 >= p.T || p.T * p.N * a.xp_ld * int64_t(sizeof(S)) <= (int64_t(1) << 20))
+      return nullptr;
+    return step_rows(p, a, s + 1).x;
+  }
+  // Units [u0, u0 + W) of gates [g0, g1) of row n of those rows.
+  static void prefetch_next_x(const S* xn, const Dir& a, int64_t n, int64_t H, int64_t u0, int g0,
+                              int g1) {
+    if (!xn) return;
+    const S* r = xn + n * a.xp_ld + u0;
+    for (int g = g0; g < g1; ++g) {
+      __builtin_prefetch(r + g * H, 0, 2);
+      __builtin_prefetch(r + g * H + W - 1, 0, 2);
+    }
+  }
+
   // ---- single-gate RNN ----------------------------------------------------------------
   static void rnn(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                   int64_t b1, S* blk) {
@@ -889,6 +909,7 @@ struct Fused {  // S: the scalar type
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
     const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
+    const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, 1, b0, b1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -896,6 +917,7 @@ struct Fused {  // S: the scalar type
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, 1);
         for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
         if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * sizeof(S));
         act(p.gate_act[0], v);
@@ -930,6 +952,7 @@ struct Fused {  // S: the scalar type
     const S* const x = rows.x;
     S* const y = rows.y;
     S* const z = rows.z;
+    const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -942,6 +965,7 @@ struct Fused {  // S: the scalar type
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
         const S* cp = cprev.data + n * cprev.ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, G);
         for (int g = 0; g < G; ++g)
           for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
         if (P)
@@ -1013,6 +1037,7 @@ struct Fused {  // S: the scalar type
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
     const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
+    const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -1020,6 +1045,7 @@ struct Fused {  // S: the scalar type
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
         const S* xr = x + n * a.xp_ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, G);
         for (int g = 0; g < 2; ++g)
           for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
         S* q = v + 2 * W;
@@ -1053,6 +1079,7 @@ struct Fused {  // S: the scalar type
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
     const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
+    const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, 2, b0, b1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -1060,6 +1087,7 @@ struct Fused {  // S: the scalar type
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * 2 * W;
         const S* xr = x + n * a.xp_ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, 2);
         for (int g = 0; g < 2; ++g)
           for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
         if (z)
@@ -1084,6 +1112,7 @@ struct Fused {  // S: the scalar type
     const Rows hp = prev_state(p, a, bf, s);
     const Operand op = product_operand(p, a, ubuf, H, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
+    const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 2, 3, b0, b1);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
@@ -1091,6 +1120,7 @@ struct Fused {  // S: the scalar type
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * W;
         const S* xr = x + n * a.xp_ld + 2 * H + u0;
+        prefetch_next_x(xn, a, n, H, u0, 2, 3);
         for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
         if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * sizeof(S));
         act(act_o, v);
