@@ -365,3 +365,50 @@ TEST(Concurrency, EveryEmulatedOpFromEightThreadsMatchesSerialBitForBit) {
 }
 
 }  // namespace
+
+// ---- the block cache (core/block_cache.hpp) ------------------------------------------------
+
+#include "core/block_cache.hpp"
+
+namespace {
+
+TEST(BlockCache, ReusesABlockOnlyOnceItsOwnerLetsGo) {
+  const Shape shape{3, 1 << 18};  // 3 MiB of float32
+  Tensor a = detail::cached_empty(shape, DType::Float32);
+  const void* first = a.data();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u);
+  Tensor b = detail::cached_empty(shape, DType::Float32);  // a is still held: another block
+  EXPECT_NE(b.data(), first);
+  a = Tensor();
+  Tensor c = detail::cached_empty(shape, DType::Float32);
+  EXPECT_EQ(c.data(), first);
+  EXPECT_EQ(c.shape(), shape);
+  // A much smaller array does not take (and waste) a large idle block.
+  c = Tensor();
+  Tensor d = detail::cached_empty({1 << 18}, DType::Float32);
+  EXPECT_NE(d.data(), first);
+  // Below the threshold: plain allocations.
+  Tensor e = detail::cached_empty({16}, DType::Float64);
+  EXPECT_EQ(e.nbytes(), 128);
+}
+
+TEST(BlockCache, ThreadsTakingAndGivingBlocksNeverShareOne) {
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([t, &bad] {
+      for (int i = 0; i < 200; ++i) {
+        const int64_t n = (int64_t(1) << 18) + 4096 * ((t + i) % 3);
+        Tensor x = detail::cached_empty({n}, DType::Float32);
+        float* p = x.ptr<float>();
+        for (int64_t j = 0; j < n; j += 1024) p[j] = static_cast<float>(t * 1000 + i);
+        std::this_thread::yield();
+        for (int64_t j = 0; j < n; j += 1024)
+          if (p[j] != static_cast<float>(t * 1000 + i)) bad.fetch_add(1);
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+}  // namespace

@@ -3,8 +3,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/block_cache.hpp"
 #include "rnncore/error.hpp"
 
 namespace rnncore {
@@ -90,6 +94,85 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
 }
 
 }  // namespace rnncore
+
+namespace rnncore::detail {
+namespace {
+
+class BlockCache {
+ public:
+  // Never destroyed: a Python array may give its block back after static destructors ran.
+  static BlockCache& instance() {
+    static BlockCache* cache = new BlockCache;
+    return *cache;
+  }
+  // A block of at least `bytes` (64-aligned), its capacity in *cap; null when out of memory.
+  void* take(size_t bytes, size_t* cap) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      // The smallest idle block that fits and wastes at most a quarter of itself.
+      size_t best = blocks_.size();
+      for (size_t i = 0; i < blocks_.size(); ++i) {
+        const size_t c = blocks_[i].first;
+        if (c >= bytes && c - bytes <= c / 4 && (best == blocks_.size() || c < blocks_[best].first))
+          best = i;
+      }
+      if (best < blocks_.size()) {
+        auto [c, p] = blocks_[best];
+        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(best));
+        held_ -= c;
+        *cap = c;
+        return p;
+      }
+    }
+    *cap = (bytes + 4095) / 4096 * 4096;
+    return std::aligned_alloc(64, *cap);
+  }
+  void give(void* p, size_t cap) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (cap > limit_) {
+        drop.push_back(p);
+      } else {
+        size_t i = 0;
+        while (held_ + cap > limit_) {
+          drop.push_back(blocks_[i].second);
+          held_ -= blocks_[i++].first;
+        }
+        blocks_.erase(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+        blocks_.emplace_back(cap, p);
+        held_ += cap;
+      }
+    }
+    for (void* q : drop) std::free(q);
+  }
+
+ private:
+  BlockCache() {
+    const char* v = std::getenv("RNNCORE_CACHE_MB");
+    char* end = nullptr;
+    const long long mb = v && *v ? std::strtoll(v, &end, 10) : 256;
+    limit_ = end && *end ? size_t(256) << 20 : static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
+  }
+  std::mutex m_;
+  std::vector<std::pair<size_t, void*>> blocks_;  // idle blocks, oldest first
+  size_t held_ = 0, limit_ = 0;
+};
+
+}  // namespace
+
+Tensor cached_empty(Shape shape, DType dtype) {
+  const size_t bytes = checked_bytes(shape, dtype);
+  if (bytes < kCachedBytes) return Tensor::empty(std::move(shape), dtype);
+  size_t cap = 0;
+  void* p = BlockCache::instance().take(bytes, &cap);
+  if (!p) out_of_memory(bytes, shape, dtype);
+  return Tensor::adopt(
+      std::shared_ptr<void>(p, [cap](void* q) { BlockCache::instance().give(q, cap); }),
+      std::move(shape), dtype);
+}
+
+}  // namespace rnncore::detail
 
 namespace rnncore {
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/block_cache.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/narrow.hpp"
 #include "cpu/recurrence.hpp"
@@ -123,8 +124,13 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   const int64_t per_dir = std::max<int64_t>(
       1, std::min<int64_t>(std::max<int64_t>(1, threads / p.D), N / kProductRows));
   const int64_t slices = per_dir * p.D;
-  std::vector<T> hm_all(static_cast<size_t>(p.D * TNH));
-  std::vector<T> side(p.op == detail::OpKind::Gru ? static_cast<size_t>(p.D * TNH) : 0);
+  // h̃ of every step, written by the slices before the reductions read it.
+  Tensor hm_buf = detail::cached_empty({p.D * TNH}, p.dtype);
+  T* const hm_all = hm_buf.ptr<T>();
+  // GRU: r ⊙ h̃ or δq of every step, as fully written.
+  Tensor side_buf;
+  if (p.op == detail::OpKind::Gru) side_buf = detail::cached_empty({p.D * TNH}, p.dtype);
+  T* const side = side_buf.ptr<T>();  // null without one
   std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(p.D * groups * 4 * H) : 0,
                     T(0));
   // R packed once per direction for the per-step products: for bfloat16 storage on AMX as
@@ -156,8 +162,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
     const int64_t n0 = groups * part / per_dir * kProductRows;
     const int64_t n1 = std::min(N, groups * (part + 1) / per_dir * kProductRows);
     BackwardSlice<T> sl{n1 - n0,
-                        hm_all.data() + d * TNH + n0 * H,
-                        side.empty() ? nullptr : side.data() + d * TNH + n0 * H,
+                        hm_all + d * TNH + n0 * H,
+                        side ? side + d * TNH + n0 * H : nullptr,
                         dP.empty() ? nullptr : dP.data() + (d * groups + n0 / kProductRows) * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
                         packed_o[d].empty() ? nullptr : packed_o[d].data(),
@@ -165,7 +171,7 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   });
   for (int64_t d = 0; d < p.D; ++d) {
-    reduce<T>(p, dirs[d], hm_all.data() + d * TNH, side.empty() ? nullptr : side.data() + d * TNH);
+    reduce<T>(p, dirs[d], hm_all + d * TNH, side ? side + d * TNH : nullptr);
     if (dirs[d].dP) {
       T* out = static_cast<T*>(dirs[d].dP);
       for (int64_t j = 0; j < 4 * H; ++j) {
@@ -229,7 +235,7 @@ void broadcast_mask(const detail::ForwardArrays& a, int64_t N, int64_t DH, T* ou
 // The mask broadcast to [N, D*H] (the contract's first step for a mask), or nothing.
 Tensor broadcast_mask(const Problem& p, const detail::ForwardArrays& a) {
   if (!p.has_mask) return Tensor();
-  Tensor out = Tensor::empty({p.N, p.dh()}, p.dtype);
+  Tensor out = detail::cached_empty({p.N, p.dh()}, p.dtype);
   if (p.dtype == DType::Float32)
     broadcast_mask(a, p.N, p.dh(), out.ptr<float>());
   else
@@ -296,7 +302,7 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in, NarrowR r16 =
   if (r16.projected) {
     xp = r16.projected;
   } else if (p.has_input_weight || p.has_bias) {
-    xbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    xbuf = detail::cached_empty({p.T, p.N, dgh}, p.dtype);
     project(p, in.source, in.input_weight, in.bias, xbuf.data());
     xp = xbuf.data();
   }
@@ -333,7 +339,7 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
   Tensor dxbuf;
   void* dxp = in.dsource;
   if (p.has_input_weight) {
-    dxbuf = Tensor::empty({p.T, p.N, dgh}, p.dtype);
+    dxbuf = detail::cached_empty({p.T, p.N, dgh}, p.dtype);
     dxp = dxbuf.data();
   }
   const int64_t es = dtype_size(p.dtype);
@@ -383,7 +389,7 @@ class Widened {
   // A float32 copy of n 16-bit elements at p (null stays null).
   const void* in(const void* p, int64_t n) {
     if (!p) return nullptr;
-    Tensor t = Tensor::empty({n}, DType::Float32);
+    Tensor t = detail::cached_empty({n}, DType::Float32);
     if (bfloat16_)
       widen_bfloat16(static_cast<const uint16_t*>(p), t.ptr<float>(), n);
     else
@@ -394,7 +400,7 @@ class Widened {
   // A float32 array of n elements narrowed into p by finish() (null stays null).
   void* out(void* p, int64_t n) {
     if (!p) return nullptr;
-    keep_.push_back(Tensor::empty({n}, DType::Float32));
+    keep_.push_back(detail::cached_empty({n}, DType::Float32));
     outputs_.push_back({p, keep_.size() - 1, n});
     return keep_.back().data();
   }
@@ -459,7 +465,7 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
   const FusedOps<float>& k = fused_kernels().f32;
   const int64_t M = p.T * p.N, K = p.I, K2 = (K + 1) / 2, n = p.D * p.gh();
   const int64_t GW = k.pair_columns, nq = (n + GW - 1) / GW;  // groups of columns
-  Tensor out = Tensor::empty({p.T, p.N, n}, DType::Float32);
+  Tensor out = detail::cached_empty({p.T, p.N, n}, DType::Float32);
   const uint16_t* x = static_cast<const uint16_t*>(a.source);
   // With AMX, tiles from 32 rows (a tile product costs the same for fewer rows).
   if (k.project_tiles && M >= 32) {
@@ -545,7 +551,9 @@ class CpuBackend final : public detail::Backend {
  public:
   CpuBackend() { claim_blas_threads(); }
   const char* name() const override { return "cpu"; }
-  Tensor allocate(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
+  Tensor allocate(const Shape& shape, DType dtype) override {
+    return detail::cached_empty(shape, dtype);
+  }
   Tensor allocate_zeroed(const Shape& shape, DType dtype) override {
     return Tensor::zeros(shape, dtype);  // fresh pages the OS zeroed: no pass over them
   }
