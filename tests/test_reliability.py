@@ -221,6 +221,29 @@ def test_misaligned_arrays_are_copied_and_give_the_same_results(device, kind):
             np.testing.assert_array_equal(a, e)
 
 
+def test_large_outputs_of_successive_calls_are_separate_arrays():
+    # Outputs of 1 MiB or more come from the CPU's block cache: a block is reused only once
+    # every array on it is gone, so results held across calls stay intact and distinct.
+    rng = np.random.default_rng(5)
+    T, N, H = 40, 32, 256  # state 1.25 MiB, z_state 5 MiB (float32)
+    x = rng.standard_normal((T, N, 4 * H)).astype(np.float32)  # x' itself: no input weight
+    R = (0.05 * rng.standard_normal((4 * H, H))).astype(np.float32)
+    desc = descriptor("lstm", training=True)
+    first = rnncore.lstm(x, R, descriptor=desc, device="cpu")
+    kept = [first.state.copy(), first.z_state.copy()]
+    view = first.state[3:5]  # a view alone keeps its block
+    del first
+    second = rnncore.lstm(2 * x, R, descriptor=desc, device="cpu")
+    third = rnncore.lstm(x, R, descriptor=desc, device="cpu")
+    assert not np.shares_memory(view, second.state)
+    assert not np.shares_memory(view, third.state)
+    assert not np.shares_memory(second.z_state, third.z_state)
+    np.testing.assert_array_equal(view, kept[0][3:5])
+    np.testing.assert_array_equal(third.state, kept[0])
+    np.testing.assert_array_equal(third.z_state, kept[1])
+    assert not np.array_equal(second.state, third.state)
+
+
 # ---- 7: gradient ops require their descriptor --------------------------------------------
 
 
