@@ -44,6 +44,9 @@ struct Problem {
   // The callers' arrays' type where the CPU runs float16 or bfloat16 storage as a float32
   // problem (dtype is then Float32): some products may use it (bfloat16 tiles).
   DType storage = DType::Float32;
+  // The CPU's fused LSTM forward multiplies each step's source rows by W itself (no x' made
+  // beforehand; DirectionForward::x, W and bias): backend.cpp decides, the kernels follow.
+  bool fused_projection = false;
 
   int64_t gh() const { return G * H; }
   int64_t dh() const { return D * H; }

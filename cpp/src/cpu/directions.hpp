@@ -31,6 +31,12 @@ struct DirectionInputs {
 struct DirectionForward : DirectionInputs {
   const void* xp = nullptr;  // x' = projected input + bias, [T, N, G*H] of stride xp_ld
   int64_t xp_ld = 0;
+  // With Problem::fused_projection (xp null): the source [T, N, I] (x_ld apart), this
+  // direction's W [G*H, I] and bias [G*H] (or null), for the step to project its own rows.
+  const void* x = nullptr;
+  int64_t x_ld = 0;
+  const void* W = nullptr;
+  const void* bias = nullptr;
   const void* b2 = nullptr;  // GRU secondary bias [H] or null
   void* y = nullptr;         // [T, N, H]
   int64_t y_ld = 0;

@@ -98,7 +98,8 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   // Chunks of panels, fixed by the shape (the bits do not depend on them anyway): about
   // 64k multiply-adds a step or more each, so that claiming one (~0.1 us) is cheap beside
   // its work, and at most 64 per direction.
-  const int64_t panel_macs = std::max<int64_t>(1, p.N * p.G * p.H * k.width);
+  const int64_t K = p.H + (p.fused_projection ? p.I : 0);
+  const int64_t panel_macs = std::max<int64_t>(1, p.N * p.G * K * k.width);
   int64_t per_chunk = std::max((int64_t(65536) + panel_macs - 1) / panel_macs, (nb + 63) / 64);
   int64_t C = (nb + per_chunk - 1) / per_chunk;  // chunks per direction
   const int64_t threads = pool.max_threads();

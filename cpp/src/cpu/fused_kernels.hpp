@@ -398,8 +398,10 @@ struct Fused {  // S: the scalar type
   // out[n][g][:] = sum_k A[n, k] * panel[k][g][:] for every row n < N. The k loop is
   // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
   // passes over it; without the blocking each row tile streams the whole panel from L2.
+  // With `accumulate`, out's products are added to (from its first k on).
   template <int G, class P = S>
-  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const P* panel, S* out) {
+  static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const P* panel, S* out,
+                            bool accumulate = false) {
     constexpr int M = rows<G>();
     constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(P))));
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -407,7 +409,7 @@ struct Fused {  // S: the scalar type
       for (int64_t n0 = 0; n0 < N; n0 += M) {
         const int m = static_cast<int>(std::min<int64_t>(M, N - n0));
         tile_rows<G, P>(m, A + n0 * lda + k0, lda, kc, panel + k0 * G * W, out + n0 * G * W,
-                        k0 > 0);
+                        k0 > 0 || accumulate);
       }
     }
   }
@@ -528,16 +530,16 @@ struct Fused {  // S: the scalar type
   // pack_panels of a whole panel b by 16×16 transposes, for k below the value returned (a
   // multiple of 16 for 32-bit elements, of 32 for 16-bit ones; 0 without transposes).
   template <int G, class P>
-  static int64_t transposed_panels(const P* R, int64_t H, const int (&gates)[G], int64_t b,
-                                   P* panel) {
+  static int64_t transposed_panels(const P* R, int64_t H, int64_t K, const int (&gates)[G],
+                                   int64_t b, P* panel) {
 #if defined(__AVX512F__)
     if constexpr (kTranspose) {
       constexpr int64_t KB = sizeof(P) == 4 ? 16 : 32;
       int64_t k0 = 0;
-      for (; k0 + KB <= H; k0 += KB)
+      for (; k0 + KB <= K; k0 += KB)
         for (int g = 0; g < G; ++g) {
           __m512i r[16];
-          transpose16(R + (gates[g] * H + b * W) * H + k0, H * int64_t(sizeof(P)), r);
+          transpose16(R + (gates[g] * H + b * W) * K + k0, K * int64_t(sizeof(P)), r);
           if constexpr (sizeof(P) == 4) {
             for (int k = 0; k < 16; ++k)
               _mm512_storeu_si512(static_cast<void*>(panel + ((k0 + k) * G + g) * W), r[k]);
@@ -556,28 +558,29 @@ struct Fused {  // S: the scalar type
       return k0;
     }
 #endif
-    (void)R, (void)H, (void)gates, (void)b, (void)panel;
+    (void)R, (void)H, (void)K, (void)gates, (void)b, (void)panel;
     return 0;
   }
 
-  // Packs gate rows gates[0..G) of R [*, H] for panels [b0, b1): Bp[b][k][g][w].
+  // Packs gate rows gates[0..G) of R [*, K] (H units a gate) for panels [b0, b1):
+  // Bp[b][k][g][w].
   template <int G, class P>
-  static void pack_panels(const P* R, int64_t H, const int (&gates)[G], int64_t b0, int64_t b1,
-                          P* Bp) {
+  static void pack_panels(const P* R, int64_t H, int64_t K, const int (&gates)[G], int64_t b0,
+                          int64_t b1, P* Bp) {
     // By blocks of W×KB: the W rows' blocks stay in L1 while the panel's lines are written
     // (a whole row per unit would write a line per k, every row).
     constexpr int64_t KB = 16;
     for (int64_t b = b0; b < b1; ++b) {
-      P* panel = Bp + b * H * G * W;
+      P* panel = Bp + b * K * G * W;
       const int64_t wv = std::min<int64_t>(W, H - b * W);
-      const int64_t kv = wv == W ? transposed_panels(R, H, gates, b, panel) : 0;
-      for (int64_t k0 = kv; k0 < H; k0 += KB) {
-        const int64_t kb = std::min(KB, H - k0);
+      const int64_t kv = wv == W ? transposed_panels(R, H, K, gates, b, panel) : 0;
+      for (int64_t k0 = kv; k0 < K; k0 += KB) {
+        const int64_t kb = std::min(KB, K - k0);
         for (int g = 0; g < G; ++g) {
-          const P* rows = R + (gates[g] * H + b * W) * H + k0;
+          const P* rows = R + (gates[g] * H + b * W) * K + k0;
           for (int64_t k = 0; k < kb; ++k) {
             P* out = panel + ((k0 + k) * G + g) * W;
-            for (int64_t w = 0; w < wv; ++w) out[w] = rows[w * H + k];
+            for (int64_t w = 0; w < wv; ++w) out[w] = rows[w * K + k];
             for (int64_t w = wv; w < W; ++w) out[w] = P{};
           }
         }
@@ -585,10 +588,15 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  // Workspace (elements): packed panels, two masked-state buffers, zeros, and per-op extras.
-  static int64_t workspace(const Problem& p) {
+  // Workspace (elements): packed panels, two masked-state buffers, zeros, and per-op extras;
+  // then, with a fused projection, W's panels (64-byte aligned).
+  static int64_t workspace_base(const Problem& p) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
-    return nb * p.H * p.G * W + 5 * NH + 64;
+    return (nb * p.H * p.G * W + 5 * NH + 64 + 15) / 16 * 16;
+  }
+  static int64_t workspace(const Problem& p) {
+    const int64_t nb = (p.H + W - 1) / W;
+    return workspace_base(p) + (p.fused_projection ? nb * p.I * p.G * W : 0);
   }
   // Scratch of one participant: the products of one panel for every row.
   // On the vdpbf16ps path also h̃'s bfloat16 pairs.
@@ -607,6 +615,7 @@ struct Fused {  // S: the scalar type
     S* hm[2];  // h̃ of the step about to run (masked state), double-buffered
     S* zeros;
     S* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
+    S* w_panels;  // W's panels with a fused projection: [b][k < I][g][w]
   };
   static Buffers buffers(const Problem& p, S* ws) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
@@ -618,6 +627,7 @@ struct Fused {  // S: the scalar type
     b.zeros = q + 2 * NH;
     b.extra[0] = q + 3 * NH;
     b.extra[1] = q + 4 * NH;
+    b.w_panels = ws + workspace_base(p);
     return b;
   }
 
@@ -748,7 +758,7 @@ struct Fused {  // S: the scalar type
   };
   static StepRows step_rows(const Problem& p, const Dir& a, int64_t s) {
     const int64_t tout = time_out(a, s, p.T);
-    return {static_cast<const S*>(a.xp) + time_in(a, s, p.T) * p.N * a.xp_ld,
+    return {a.xp ? static_cast<const S*>(a.xp) + time_in(a, s, p.T) * p.N * a.xp_ld : nullptr,
             static_cast<S*>(a.y) + tout * p.N * a.y_ld,
             a.z ? static_cast<S*>(a.z) + tout * p.N * a.z_ld : nullptr};
   }
@@ -760,6 +770,10 @@ struct Fused {  // S: the scalar type
     const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
+    if (p.fused_projection) {
+      static constexpr int gates[4] = {0, 1, 2, 3};
+      pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
+    }
     if (dot_panels(a)) {
       pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels), [&](const auto& gates, auto* out) {
         pack_pairs(a.R_narrow, H, gates, b0, b1, out);
@@ -771,19 +785,19 @@ struct Fused {  // S: the scalar type
         if (a.R_bfloat16)
           pack_sets(p, kx, reinterpret_cast<BFloat16Elem*>(bf.panels),
                     [&](const auto& gates, auto* out) {
-                      pack_panels(reinterpret_cast<const BFloat16Elem*>(a.R_narrow), H, gates, b0,
-                                  b1, out);
+                      pack_panels(reinterpret_cast<const BFloat16Elem*>(a.R_narrow), H, H, gates,
+                                  b0, b1, out);
                     });
         else
           pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels),
                     [&](const auto& gates, auto* out) {
-                      pack_panels(a.R_narrow, H, gates, b0, b1, out);
+                      pack_panels(a.R_narrow, H, H, gates, b0, b1, out);
                     });
         return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
       }
     }
     pack_sets(p, kx, bf.panels, [&](const auto& gates, auto* out) {
-      pack_panels(static_cast<const S*>(a.R), H, gates, b0, b1, out);
+      pack_panels(static_cast<const S*>(a.R), H, H, gates, b0, b1, out);
     });
     init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
   }
@@ -870,7 +884,7 @@ struct Fused {  // S: the scalar type
   static void prefetch_x(const Problem& p, const Dir& a, const S* x, int g0, int g1, int64_t b0,
                          int64_t b1) {
     const int64_t u0 = b0 * W, u1 = std::min(b1 * W, p.H);
-    if (p.N * (g1 - g0) * (u1 - u0) * int64_t(sizeof(S)) > 16384) return;
+    if (!x || p.N * (g1 - g0) * (u1 - u0) * int64_t(sizeof(S)) > 16384) return;
     for (int64_t n = 0; n < p.N; ++n)
       for (int g = g0; g < g1; ++g) {
         const uintptr_t row = reinterpret_cast<uintptr_t>(x + n * a.xp_ld + g * p.H);
@@ -886,7 +900,7 @@ struct Fused {  // S: the scalar type
   // (half the LSTM's epilogue at N = 32). Each row's units are asked of L2 a step ahead by
   // the thread that will most likely run them (its home chunk), a few lines at a time.
   static const S* next_x(const Problem& p, const Dir& a, int64_t s) {
-    if (s + 1 >= p.T || p.T * p.N * a.xp_ld * int64_t(sizeof(S)) <= (int64_t(1) << 20))
+    if (!a.xp || s + 1 >= p.T || p.T * p.N * a.xp_ld * int64_t(sizeof(S)) <= (int64_t(1) << 20))
       return nullptr;
     return step_rows(p, a, s + 1).x;
   }
@@ -954,20 +968,31 @@ struct Fused {  // S: the scalar type
     S* const z = rows.z;
     const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
+    // A fused projection: the step's source rows, multiplied by W's panels after R's.
+    const S* const src =
+        p.fused_projection ? static_cast<const S*>(a.x) + time_in(a, s, p.T) * N * a.x_ld : nullptr;
+    const S* const bias = static_cast<const S*>(a.bias);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
+      if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
       // In passes over the rows, so that each activation runs once over all of them (a
       // call per row and gate is a short chain that nothing overlaps). Full panels (all of
       // them when W divides H) get loops of a constant length.
       auto gates = [&](auto full, int64_t n) {
         const int64_t L = decltype(full)::value ? int64_t(W) : wv;
         S* v = blk + n * G * W;
-        const S* xr = x + n * a.xp_ld + u0;
         const S* cp = cprev.data + n * cprev.ld + u0;
-        prefetch_next_x(xn, a, n, H, u0, 0, G);
-        for (int g = 0; g < G; ++g)
-          for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
+        if (src) {
+          if (bias)
+            for (int g = 0; g < G; ++g)
+              for (int64_t w = 0; w < L; ++w) v[g * W + w] += bias[g * H + u0 + w];
+        } else {
+          const S* xr = x + n * a.xp_ld + u0;
+          prefetch_next_x(xn, a, n, H, u0, 0, G);
+          for (int g = 0; g < G; ++g)
+            for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
+        }
         if (P)
           for (int g = 0; g < G; ++g)
             for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
