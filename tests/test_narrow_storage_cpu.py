@@ -128,7 +128,9 @@ def test_bfloat16_dot_products(name, bidirectional, training):
     2.4e-3 (training) of each output's largest value; float16 is unaffected (bit for bit,
     above). Odd I and H pad the pairs with zero. N of 4 and more run on AMX tiles on the
     avx512amx variant (rows past a multiple of 16 by tiles of fewer rows, pairs of k past
-    one by vdpbf16ps): measured the same 6.1e-3."""
+    one by vdpbf16ps): measured the same 6.1e-3. An LSTM of 16 rows or more with an even I
+    multiplies each step's source rows (read in place as pairs) by W's pair panels in the
+    step, instead of a projection beforehand (N = 17 and 32 here; I = 5 and 33 do not)."""
     op, desc = descriptor(name, bidirectional)
     desc.training = training
     tol = 1.3e-2 if not training else 5e-3
@@ -144,6 +146,24 @@ def test_bfloat16_dot_products(name, bidirectional, training):
             assert a.dtype == ml_dtypes.bfloat16
             err = np.abs(a.astype(np.float32) - b.astype(ml_dtypes.bfloat16).astype(np.float32))
             assert err.max() <= tol * max(np.abs(b).max(), 1e-30), (T, N, I, H, err.max())
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), *NARROW], ids=str)
+def test_lstm_projecting_in_its_steps_gives_the_same_bits_at_every_thread_count(dtype):
+    """From 16 batch rows the LSTM forward projects each step's rows in the step (float32
+    tiles, or bfloat16 pairs): each unit's sums are the same whichever thread runs it."""
+    rng = np.random.default_rng(11)
+    for T, N, I, H, bidirectional in [(5, 32, 20, 33, True), (4, 17, 6, 31, False)]:  # noqa: E741
+        op, desc = descriptor("lstm", bidirectional)
+        args = inputs(op, rng, T, N, I, H, 2 if bidirectional else 1, dtype)
+        runs = []
+        try:
+            for threads in (1, 2, 3, 8):
+                rnncore.set_num_threads(threads)
+                runs.append([np.asarray(a).tobytes() for a in forward(op, desc, args)])
+        finally:
+            rnncore.set_num_threads(0)
+        assert all(r == runs[0] for r in runs[1:]), (T, N, I, H, bidirectional)
 
 
 def gradients_both_ways(name, bidirectional, shape, dtype, rng):

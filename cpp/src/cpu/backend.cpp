@@ -289,10 +289,14 @@ void direction_inputs(const Problem& p, const detail::ForwardArrays& in, const v
 // straight into the concatenated outputs.
 // r16: the caller's 16-bit R (float16 or bfloat16 storage), for the fused forward's panels;
 // projected: x' already computed (the bfloat16 projection by vdpbf16ps), or null.
+// x_bits, W_bits: bfloat16 storage's source and W as the caller gave them, for an LSTM that
+// projects each step's rows itself on pairs (then projected is null).
 struct NarrowR {
   const uint16_t* bits = nullptr;
   DType dtype = DType::Float32;
   const void* projected = nullptr;
+  const uint16_t* x_bits = nullptr;
+  const uint16_t* W_bits = nullptr;
 };
 
 // Whether the fused LSTM forward projects each step's rows itself (from 16 batch rows, where
@@ -300,14 +304,14 @@ struct NarrowR {
 // x' (T·N·4H) is then never written and read back, OpenBLAS makes no copies of x and W, and
 // the projection runs in the register tiles of the step's product with R (A/B, LSTM T=100
 // N=32 H=256 inference, 2 threads: 4 of 4 pairs faster, by 11-37%; N=64: 3 of 3).
-bool fuse_projection(const Problem& p, const NarrowR& r16) {
+bool fuse_projection(const Problem& p) {
   return p.op == detail::OpKind::Lstm && p.dtype == DType::Float32 && p.has_input_weight &&
-         p.I > 0 && p.N >= 2 * kProductRows && !r16.projected && !blas_path_forced();
+         p.I > 0 && p.N >= 2 * kProductRows && !blas_path_forced();
 }
 
 void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16 = {}) {
   Problem p = problem;
-  p.fused_projection = fuse_projection(p, r16);
+  p.fused_projection = r16.x_bits || (fuse_projection(p) && !r16.projected);
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
   const void* xp = in.source;
   Tensor xbuf;
@@ -333,8 +337,10 @@ void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR
     a.xp_ld = dgh;
     if (p.fused_projection) {
       a.x = in.source;
+      a.x_bits = r16.x_bits;
       a.x_ld = p.I;
       a.W = off(in.input_weight, d * p.gh() * p.I);
+      a.W_bits = r16.W_bits ? r16.W_bits + d * p.gh() * p.I : nullptr;
       a.bias = off(in.bias, d * p.gh());
     }
     a.b2 = p.gru.reset_after ? off(in.secondary_bias, d * H) : nullptr;
@@ -526,9 +532,13 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   Widened w(p.dtype);
   const FusedOps<float>& k = fused_kernels().f32;
   const bool fused = !blas_path_forced();
-  const bool pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && p.has_input_weight &&
-                     p.I > 0 && p.T * p.N > 0;
-  detail::ForwardArrays f = widen_inputs(p, a, w, fused && k.narrow_panels, pairs);
+  // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
+  // (fuse_projection; the source's rows as pairs: an even I).
+  const bool fused_pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && k.narrow_panels &&
+                           fuse_projection(q) && p.I % 2 == 0;
+  const bool pairs = !fused_pairs && fused && p.dtype == DType::BFloat16 && k.gemm_pairs &&
+                     p.has_input_weight && p.I > 0 && p.T * p.N > 0;
+  detail::ForwardArrays f = widen_inputs(p, a, w, fused && k.narrow_panels, pairs || fused_pairs);
   Tensor projected;
   if (pairs) projected = project_pairs(p, a, f.bias);
   f.state = w.out(a.state, n.seq);
@@ -536,7 +546,9 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   f.z_state = w.out(a.z_state, n.z);
   forward_op(q, f,
              {static_cast<const uint16_t*>(a.recurrent_weight), p.dtype,
-              pairs ? projected.data() : nullptr});
+              pairs ? projected.data() : nullptr,
+              fused_pairs ? static_cast<const uint16_t*>(a.source) : nullptr,
+              fused_pairs ? static_cast<const uint16_t*>(a.input_weight) : nullptr});
   w.finish();
 }
 

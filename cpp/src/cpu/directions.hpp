@@ -33,9 +33,13 @@ struct DirectionForward : DirectionInputs {
   int64_t xp_ld = 0;
   // With Problem::fused_projection (xp null): the source [T, N, I] (x_ld apart), this
   // direction's W [G*H, I] and bias [G*H] (or null), for the step to project its own rows.
+  // On the vdpbf16ps path (bfloat16 storage) the source and W are the caller's bfloat16
+  // bits (x_bits, W_bits) instead, the source's rows read in place as pairs (I even).
   const void* x = nullptr;
+  const uint16_t* x_bits = nullptr;
   int64_t x_ld = 0;
   const void* W = nullptr;
+  const uint16_t* W_bits = nullptr;
   const void* bias = nullptr;
   const void* b2 = nullptr;  // GRU secondary bias [H] or null
   void* y = nullptr;         // [T, N, H]

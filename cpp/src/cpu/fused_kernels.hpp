@@ -600,8 +600,12 @@ struct Fused {  // S: the scalar type
   }
   // Scratch of one participant: the products of one panel for every row.
   // On the vdpbf16ps path also h̃'s bfloat16 pairs.
+  static int64_t block_base(const Problem& p) {
+    return (p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) + 16 : 0) + 15) / 16 * 16;
+  }
+  // Then, for a fused projection on pairs, that product of the panel for every row.
   static int64_t block(const Problem& p) {
-    return p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) + 16 : 0);
+    return block_base(p) + (p.fused_projection && kDotBf16 ? p.N * p.G * W : 0);
   }
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
   // every unit.
@@ -772,11 +776,14 @@ struct Fused {  // S: the scalar type
     const int64_t kx = kext(p, a);
     if (p.fused_projection) {
       static constexpr int gates[4] = {0, 1, 2, 3};
-      pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
+      if (dot_panels(a))  // W's bfloat16 bits (W_bits), as pairs
+        pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
+      else
+        pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
     }
     if (dot_panels(a)) {
       pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels), [&](const auto& gates, auto* out) {
-        pack_pairs(a.R_narrow, H, gates, b0, b1, out);
+        pack_pairs(a.R_narrow, H, H, gates, b0, b1, out);
       });
       return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
     }
@@ -832,28 +839,29 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  // pack_panels for vdpbf16ps: Bp[b][k/2][g][w][2] (bfloat16 bits), k padded to even.
+  // pack_panels for vdpbf16ps: Bp[b][k/2][g][w][2] (bfloat16 bits of R [*, K], H units a
+  // gate), k padded to even.
   template <int G>
-  static void pack_pairs(const uint16_t* R, int64_t H, const int (&gates)[G], int64_t b0,
+  static void pack_pairs(const uint16_t* R, int64_t H, int64_t K, const int (&gates)[G], int64_t b0,
                          int64_t b1, uint16_t* Bp) {
-    const int64_t Kp = (H + 1) / 2 * 2;
+    const int64_t Kp = (K + 1) / 2 * 2;
     for (int64_t b = b0; b < b1; ++b) {
       uint16_t* panel = Bp + b * Kp * G * W;
       const int64_t wv = std::min<int64_t>(W, H - b * W);
       int64_t kv = 0;  // k below kv packed by transposes
       if (kTranspose && wv == W)
-        for (; kv + 32 <= H; kv += 32)
+        for (; kv + 32 <= K; kv += 32)
           for (int g = 0; g < G; ++g)
-            pairs_block(R + (gates[g] * H + b * W) * H + kv, H, panel + (kv / 2 * G + g) * W * 2,
+            pairs_block(R + (gates[g] * H + b * W) * K + kv, K, panel + (kv / 2 * G + g) * W * 2,
                         G * W * 2);
       for (int64_t k0 = kv; k0 < Kp; k0 += 16)
         for (int g = 0; g < G; ++g) {
-          const uint16_t* rows = R + (gates[g] * H + b * W) * H;
+          const uint16_t* rows = R + (gates[g] * H + b * W) * K;
           for (int64_t k = k0; k < std::min(k0 + 16, Kp); k += 2) {
             uint16_t* out = panel + (k / 2 * G + g) * W * 2;
             for (int64_t w = 0; w < wv; ++w) {
-              out[2 * w] = rows[w * H + k];
-              out[2 * w + 1] = k + 1 < H ? rows[w * H + k + 1] : uint16_t(0);
+              out[2 * w] = rows[w * K + k];
+              out[2 * w + 1] = k + 1 < K ? rows[w * K + k + 1] : uint16_t(0);
             }
             for (int64_t w = wv; w < W; ++w) out[2 * w] = out[2 * w + 1] = 0;
           }
@@ -969,13 +977,24 @@ struct Fused {  // S: the scalar type
     const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
     // A fused projection: the step's source rows, multiplied by W's panels after R's.
-    const S* const src =
-        p.fused_projection ? static_cast<const S*>(a.x) + time_in(a, s, p.T) * N * a.x_ld : nullptr;
+    const bool fused = p.fused_projection, pairs = fused && dot_panels(a);
+    const int64_t tin = time_in(a, s, p.T);
+    const S* const src = fused && !pairs ? static_cast<const S*>(a.x) + tin * N * a.x_ld : nullptr;
+    S* const xblk = blk + block_base(p);  // (pairs only)
     const S* const bias = static_cast<const S*>(a.bias);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
       if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
+#if RNNCORE_FUSED_DOT_BF16
+      // The source's bfloat16 rows are pairs as they are (an even I).
+      if (pairs)
+        block_product_dot<G, false>(
+            reinterpret_cast<const Pair*>(a.x_bits + tin * N * a.x_ld), a.x_ld / 2, 0, N, p.I / 2,
+            reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
+                                          b * p.I * G * W),
+            xblk);
+#endif
       // In passes over the rows, so that each activation runs once over all of them (a
       // call per row and gate is a short chain that nothing overlaps). Full panels (all of
       // them when W divides H) get loops of a constant length.
@@ -983,7 +1002,10 @@ struct Fused {  // S: the scalar type
         const int64_t L = decltype(full)::value ? int64_t(W) : wv;
         S* v = blk + n * G * W;
         const S* cp = cprev.data + n * cprev.ld + u0;
-        if (src) {
+        if (fused) {
+          if (pairs)
+            for (int g = 0; g < G; ++g)
+              for (int64_t w = 0; w < L; ++w) v[g * W + w] += xblk[n * G * W + g * W + w];
           if (bias)
             for (int g = 0; g < G; ++g)
               for (int64_t w = 0; w < L; ++w) v[g * W + w] += bias[g * H + u0 + w];
