@@ -299,14 +299,17 @@ struct NarrowR {
   const uint16_t* W_bits = nullptr;
 };
 
-// Whether the fused LSTM forward projects each step's rows itself (from 16 batch rows, where
-// a step's products are bound by arithmetic rather than by streaming W's panels from L2):
-// x' (T·N·4H) is then never written and read back, OpenBLAS makes no copies of x and W, and
-// the projection runs in the register tiles of the step's product with R (A/B, LSTM T=100
-// N=32 H=256 inference, 2 threads: 4 of 4 pairs faster, by 11-37%; N=64: 3 of 3).
+// Whether the fused LSTM or reset-after GRU forward projects each step's rows itself (from
+// 16 batch rows, where a step's products are bound by arithmetic rather than by streaming
+// W's panels from L2): x' (T·N·GH) is then never written and read back, OpenBLAS makes no
+// copies of x and W, and the projection runs in the register tiles of the step's product
+// with R (A/B, LSTM T=100 N=32 H=256 inference, 2 threads: 4 of 4 pairs faster, by 11-37%;
+// N=64: 3 of 3). (The reset-before GRU's two phases would each need their share of W.)
 bool fuse_projection(const Problem& p) {
-  return p.op == detail::OpKind::Lstm && p.dtype == DType::Float32 && p.has_input_weight &&
-         p.I > 0 && p.N >= 2 * kProductRows && !blas_path_forced();
+  const bool cell =
+      p.op == detail::OpKind::Lstm || (p.op == detail::OpKind::Gru && p.gru.reset_after);
+  return cell && p.dtype == DType::Float32 && p.has_input_weight && p.I > 0 &&
+         p.N >= 2 * kProductRows && !blas_path_forced();
 }
 
 void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16 = {}) {
@@ -535,7 +538,7 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
   // (fuse_projection; the source's rows as pairs: an even I).
   const bool fused_pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && k.narrow_panels &&
-                           fuse_projection(q) && p.I % 2 == 0;
+                           p.op == detail::OpKind::Lstm && fuse_projection(q) && p.I % 2 == 0;
   const bool pairs = !fused_pairs && fused && p.dtype == DType::BFloat16 && k.gemm_pairs &&
                      p.has_input_weight && p.I > 0 && p.T * p.N > 0;
   detail::ForwardArrays f = widen_inputs(p, a, w, fused && k.narrow_panels, pairs || fused_pairs);

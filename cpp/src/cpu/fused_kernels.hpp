@@ -603,9 +603,11 @@ struct Fused {  // S: the scalar type
   static int64_t block_base(const Problem& p) {
     return (p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) + 16 : 0) + 15) / 16 * 16;
   }
-  // Then, for a fused projection on pairs, that product of the panel for every row.
+  // Then, for a fused projection on pairs or of a GRU, that product of the panel for every
+  // row (the GRU's candidate takes its x' apart from r ⊙ (h̃ R + b2)).
   static int64_t block(const Problem& p) {
-    return block_base(p) + (p.fused_projection && kDotBf16 ? p.N * p.G * W : 0);
+    const bool xblk = p.fused_projection && (kDotBf16 || p.op == detail::OpKind::Gru);
+    return block_base(p) + (xblk ? p.N * p.G * W : 0);
   }
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
   // every unit.
@@ -774,7 +776,10 @@ struct Fused {  // S: the scalar type
     const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
-    if (p.fused_projection) {
+    if (p.fused_projection && p.op == detail::OpKind::Gru) {  // (reset-after, float32)
+      static constexpr int gates[3] = {0, 1, 2};
+      pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
+    } else if (p.fused_projection) {
       static constexpr int gates[4] = {0, 1, 2, 3};
       if (dot_panels(a))  // W's bfloat16 bits (W_bits), as pairs
         pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
@@ -1086,15 +1091,29 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
+    // A fused projection: the step's source rows by W's panels, into xblk (x' + bias of the
+    // panel's units, gates W apart) instead of x' (gates H apart).
+    const S* const src =
+        p.fused_projection ? static_cast<const S*>(a.x) + time_in(a, s, p.T) * N * a.x_ld : nullptr;
+    S* const xblk = blk + block_base(p);
+    const S* const bias = static_cast<const S*>(a.bias);
+    const int64_t xs = src ? W : H;  // x' gate stride
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
+      if (src) {
+        block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, xblk);
+        if (bias)
+          for (int64_t n = 0; n < N; ++n)
+            for (int g = 0; g < G; ++g)
+              for (int64_t w = 0; w < wv; ++w) xblk[(n * G + g) * W + w] += bias[g * H + u0 + w];
+      }
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
-        const S* xr = x + n * a.xp_ld + u0;
+        const S* xr = src ? xblk + n * G * W : x + n * a.xp_ld + u0;
         prefetch_next_x(xn, a, n, H, u0, 0, G);
         for (int g = 0; g < 2; ++g)
-          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * xs + w];
         S* q = v + 2 * W;
         if (b2)
           for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
@@ -1102,11 +1121,11 @@ struct Fused {  // S: the scalar type
           S* zr = z + n * a.z_ld + u0;
           for (int g = 0; g < 3; ++g)
             std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
-          std::memcpy(zr + 3 * H, xr + 2 * H, static_cast<size_t>(wv) * sizeof(S));
+          std::memcpy(zr + 3 * H, xr + 2 * xs, static_cast<size_t>(wv) * sizeof(S));
         }
         act_zr(act_z, act_r, zo, v);
         const S* rg = v + ro * W;
-        for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * H + w] + rg[w] * q[w];
+        for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * xs + w] + rg[w] * q[w];
         act(act_o, q);
         blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
         store_h(a, bf, y, n, u0, wv, q, s, H);
