@@ -125,7 +125,7 @@ AWKWARD_SIZES = [
     (7, 9, 33, 32),
     (2, 3, 9, 127),
     (3, 67, 8, 33),
-    (2, 16, 5, 31),  # the CPU LSTM and reset-after GRU project each step's rows from N = 16
+    (2, 16, 5, 31),  # the CPU LSTM and GRU project each step's rows in the step from N = 16
 ]
 
 

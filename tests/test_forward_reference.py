@@ -87,6 +87,14 @@ def test_all_gates_with_distinct_activations_match_reference(rng, device):
             compare(rng, device, kind, np.float32, desc, **all_inputs(kind))
 
 
+@pytest.mark.parametrize(("kind", "flags"), list(flag_cases()))
+def test_every_flag_combination_projected_in_the_steps_matches_reference(rng, kind, flags):
+    """From 16 batch rows the CPU's float32 LSTM and GRU forwards project each step's source
+    rows in the step (W packed beside R; the reset-before GRU in both of its phases)."""
+    desc = make_descriptor(kind, **flags)
+    compare(rng, "cpu", kind, np.float32, desc, N=17, H=31, **all_inputs(kind))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize(("T", "N", "I", "H"), AWKWARD_SIZES, ids=size_ids(AWKWARD_SIZES))

@@ -148,12 +148,11 @@ def test_bfloat16_dot_products(name, bidirectional, training):
             assert err.max() <= tol * max(np.abs(b).max(), 1e-30), (T, N, I, H, err.max())
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru_reset_after"])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), *NARROW], ids=str)
 def test_projecting_in_the_steps_gives_the_same_bits_at_every_thread_count(dtype, name):
-    """From 16 batch rows the LSTM and reset-after GRU forwards project each step's rows in
-    the step (float32 tiles, or the LSTM's bfloat16 pairs): each unit's sums are the same
-    whichever thread runs it."""
+    """From 16 batch rows the forward projects each step's rows in the step (float32 tiles,
+    or the LSTM's bfloat16 pairs): each unit's sums are the same whichever thread runs it."""
     rng = np.random.default_rng(11)
     for T, N, I, H, bidirectional in [(5, 32, 20, 33, True), (4, 17, 6, 31, False)]:  # noqa: E741
         op, desc = descriptor(name, bidirectional)

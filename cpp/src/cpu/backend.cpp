@@ -299,17 +299,16 @@ struct NarrowR {
   const uint16_t* W_bits = nullptr;
 };
 
-// Whether the fused LSTM or reset-after GRU forward projects each step's rows itself (from
-// 16 batch rows, where a step's products are bound by arithmetic rather than by streaming
-// W's panels from L2): x' (T·N·GH) is then never written and read back, OpenBLAS makes no
-// copies of x and W, and the projection runs in the register tiles of the step's product
-// with R (A/B, LSTM T=100 N=32 H=256 inference, 2 threads: 4 of 4 pairs faster, by 11-37%;
-// N=64: 3 of 3). (The reset-before GRU's two phases would each need their share of W.)
+// Whether the fused forward projects each step's rows itself (from 16 batch rows, where a
+// step's products are bound by arithmetic rather than by streaming W's panels from L2): x'
+// (T·N·GH) is then never written and read back, OpenBLAS makes no copies of x and W, and
+// the projection runs in the register tiles of the step's product with R (A/B, T=100 N=32
+// H=256 inference, 2 threads: the LSTM 4 of 4 pairs faster, by 11-37%, N=64 3 of 3; the GRU
+// 0.89-0.92 of the time at N = 16, 32 and 64). Not the single-gate RNN: one gate's panel
+// makes a tile of 8 accumulators, slower than OpenBLAS's GEMM (1.07-1.08 of the time).
 bool fuse_projection(const Problem& p) {
-  const bool cell =
-      p.op == detail::OpKind::Lstm || (p.op == detail::OpKind::Gru && p.gru.reset_after);
-  return cell && p.dtype == DType::Float32 && p.has_input_weight && p.I > 0 &&
-         p.N >= 2 * kProductRows && !blas_path_forced();
+  return p.op != detail::OpKind::Rnn && p.dtype == DType::Float32 && p.has_input_weight &&
+         p.I > 0 && p.N >= 2 * kProductRows && !blas_path_forced();
 }
 
 void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16 = {}) {

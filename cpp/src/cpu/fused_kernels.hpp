@@ -603,10 +603,10 @@ struct Fused {  // S: the scalar type
   static int64_t block_base(const Problem& p) {
     return (p.N * p.G * W + (kDotBf16 ? 2 * p.N * ((p.H + 1) / 2) + 16 : 0) + 15) / 16 * 16;
   }
-  // Then, for a fused projection on pairs or of a GRU, that product of the panel for every
-  // row (the GRU's candidate takes its x' apart from r ⊙ (h̃ R + b2)).
+  // Then, for a fused projection on pairs or of the GRU (panel_x), that product of the
+  // panel for every row.
   static int64_t block(const Problem& p) {
-    const bool xblk = p.fused_projection && (kDotBf16 || p.op == detail::OpKind::Gru);
+    const bool xblk = p.fused_projection && (kDotBf16 || p.op != detail::OpKind::Lstm);
     return block_base(p) + (xblk ? p.N * p.G * W : 0);
   }
   // A reset-before GRU runs each step in two phases: its candidate product needs r of
@@ -776,15 +776,15 @@ struct Fused {  // S: the scalar type
     const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
-    if (p.fused_projection && p.op == detail::OpKind::Gru) {  // (reset-after, float32)
-      static constexpr int gates[3] = {0, 1, 2};
-      pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
-    } else if (p.fused_projection) {
-      static constexpr int gates[4] = {0, 1, 2, 3};
-      if (dot_panels(a))  // W's bfloat16 bits (W_bits), as pairs
+    if (p.fused_projection) {  // W's panels, in the sets of R's
+      if (dot_panels(a)) {     // (the LSTM) W's bfloat16 bits (W_bits), as pairs
+        static constexpr int gates[4] = {0, 1, 2, 3};
         pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
-      else
-        pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, bf.w_panels);
+      } else {
+        pack_sets(p, p.I, bf.w_panels, [&](const auto& gates, S* out) {
+          pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, out);
+        });
+      }
     }
     if (dot_panels(a)) {
       pack_sets(p, kx, reinterpret_cast<uint16_t*>(bf.panels), [&](const auto& gates, auto* out) {
@@ -929,6 +929,33 @@ struct Fused {  // S: the scalar type
   }
 
   // ---- single-gate RNN ----------------------------------------------------------------
+  // x' of panel b's units for gates [g0, g0 + G) of a step: row n, gate g at
+  // p[n * ld + g * gs]. With a fused projection (the GRU's; the LSTM accumulates into its
+  // products) the step's source rows times W's panels (the set of gate g0), plus the bias,
+  // into xblk; else the step's rows of x' (x).
+  struct XPanel {
+    const S* p;
+    int64_t ld, gs;
+  };
+  template <int G>
+  static XPanel panel_x(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b,
+                        int g0, const S* x, S* xblk) {
+    const int64_t H = p.H, u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+    if (!p.fused_projection) return {x ? x + g0 * H + u0 : nullptr, a.xp_ld, H};
+    const int64_t nb = (H + W - 1) / W;
+    // The reset-before GRU's candidate rows are a second set, after the z and r panels.
+    const S* set =
+        bf.w_panels +
+        (g0 == 2 && p.op == detail::OpKind::Gru && !p.gru.reset_after ? nb * p.I * 2 * W : 0);
+    const S* src = static_cast<const S*>(a.x) + time_in(a, s, p.T) * p.N * a.x_ld;
+    block_product<G>(src, a.x_ld, p.N, p.I, set + b * p.I * G * W, xblk);
+    if (const S* bias = static_cast<const S*>(a.bias))
+      for (int64_t n = 0; n < p.N; ++n)
+        for (int g = 0; g < G; ++g)
+          for (int64_t w = 0; w < wv; ++w) xblk[(n * G + g) * W + w] += bias[(g0 + g) * H + u0 + w];
+    return {xblk, G * W, W};
+  }
+
   static void rnn(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
                   int64_t b1, S* blk) {
     constexpr int G = 1;
@@ -941,9 +968,10 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
+      const XPanel xs = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
-        const S* xr = x + n * a.xp_ld + u0;
+        const S* xr = xs.p + n * xs.ld;
         prefetch_next_x(xn, a, n, H, u0, 0, 1);
         for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
         if (z) std::memcpy(z + n * a.z_ld + u0, v, static_cast<size_t>(wv) * sizeof(S));
@@ -1091,26 +1119,14 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
-    // A fused projection: the step's source rows by W's panels, into xblk (x' + bias of the
-    // panel's units, gates W apart) instead of x' (gates H apart).
-    const S* const src =
-        p.fused_projection ? static_cast<const S*>(a.x) + time_in(a, s, p.T) * N * a.x_ld : nullptr;
-    S* const xblk = blk + block_base(p);
-    const S* const bias = static_cast<const S*>(a.bias);
-    const int64_t xs = src ? W : H;  // x' gate stride
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
-      if (src) {
-        block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, xblk);
-        if (bias)
-          for (int64_t n = 0; n < N; ++n)
-            for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < wv; ++w) xblk[(n * G + g) * W + w] += bias[g * H + u0 + w];
-      }
+      const XPanel xp = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
+      const int64_t xs = xp.gs;
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * G * W;
-        const S* xr = src ? xblk + n * G * W : x + n * a.xp_ld + u0;
+        const S* xr = xp.p + n * xp.ld;
         prefetch_next_x(xn, a, n, H, u0, 0, G);
         for (int g = 0; g < 2; ++g)
           for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * xs + w];
@@ -1150,12 +1166,13 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<2>(p, a, bf, b * 2, op, N, blk);
+      const XPanel xp = panel_x<2>(p, a, bf, s, b, 0, x, blk + block_base(p));
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * 2 * W;
-        const S* xr = x + n * a.xp_ld + u0;
+        const S* xr = xp.p + n * xp.ld;
         prefetch_next_x(xn, a, n, H, u0, 0, 2);
         for (int g = 0; g < 2; ++g)
-          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * H + w];
+          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * xp.gs + w];
         if (z)
           for (int g = 0; g < 2; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W,
@@ -1183,9 +1200,10 @@ struct Fused {  // S: the scalar type
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<1>(p, a, bf, nb * 2 + b, op, N, blk);
+      const XPanel xp = panel_x<1>(p, a, bf, s, b, 2, x, blk + block_base(p));
       for (int64_t n = 0; n < N; ++n) {
         S* v = blk + n * W;
-        const S* xr = x + n * a.xp_ld + 2 * H + u0;
+        const S* xr = xp.p + n * xp.ld;
         prefetch_next_x(xn, a, n, H, u0, 2, 3);
         for (int64_t w = 0; w < wv; ++w) v[w] += xr[w];
         if (z) std::memcpy(z + n * a.z_ld + 2 * H + u0, v, static_cast<size_t>(wv) * sizeof(S));
