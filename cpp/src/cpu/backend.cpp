@@ -307,8 +307,12 @@ struct NarrowR {
 // 0.89-0.92 of the time at N = 16, 32 and 64). Not the single-gate RNN: one gate's panel
 // makes a tile of 8 accumulators, slower than OpenBLAS's GEMM (1.07-1.08 of the time).
 bool fuse_projection(const Problem& p) {
+  // Up to 16 MiB of R's and W's float32 panels, which every step streams: beyond that (GRU
+  // and LSTM at H = I = 1024) the steps stream W from memory too, 1.04-1.05 of the time of
+  // one GEMM beforehand; at H = 512 (8 MiB) 0.86-0.97.
+  const double panels = 4.0 * static_cast<double>(p.G * p.H) * static_cast<double>(p.H + p.I);
   return p.op != detail::OpKind::Rnn && p.dtype == DType::Float32 && p.has_input_weight &&
-         p.I > 0 && p.N >= 2 * kProductRows && !blas_path_forced();
+         p.I > 0 && p.N >= 2 * kProductRows && panels <= 16.0 * (1 << 20) && !blas_path_forced();
 }
 
 void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16 = {}) {
