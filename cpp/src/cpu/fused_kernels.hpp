@@ -414,18 +414,28 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  // v[0:W] = f(v[0:W]) in place.
+  // v[0:W] = F(v[0:W]) in place; sigmoid and tanh by vmath's AVX-512 forms where they exist.
+  template <class F>
+  static void apply(F f, S* v) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float> && W == 16) {
+      if constexpr (std::is_same_v<F, act::Sigmoid<S>>)
+        return _mm512_storeu_ps(v, vmath::v16::sigmoid(_mm512_loadu_ps(v)));
+      if constexpr (std::is_same_v<F, act::Tanh<S>>)
+        return _mm512_storeu_ps(v, vmath::v16::tanh(_mm512_loadu_ps(v)));
+    }
+#endif
+    for (int w = 0; w < W; ++w) v[w] = f.value(v[w]);
+  }
   static void act(Activation a, S* v) {
-    with_activation<S>(a, [v](auto F) {
-      for (int w = 0; w < W; ++w) v[w] = F.value(v[w]);
-    });
+    with_activation<S>(a, [v](auto F) { apply(F, v); });
   }
   // f over K gates' vectors v[0:K*W] in one loop: at N = 1 each gate is one vector, and a
   // call per gate is one dependency chain that nothing overlaps; K chains in a loop do.
   template <int K>
   static void act_k(Activation a, S* v) {
     with_activation<S>(a, [v](auto F) {
-      for (int w = 0; w < K * W; ++w) v[w] = F.value(v[w]);
+      for (int k = 0; k < K; ++k) apply(F, v + k * W);
     });
   }
   // The four LSTM gates (v[g*W..]) by their activations: in one loop when they share one, or
@@ -446,16 +456,11 @@ struct Fused {  // S: the scalar type
     with_activation<S>(f[(odd + 1) % 4], [&](auto F) {
       with_activation<S>(f[odd], [&](auto F1) {
         for (int64_t n = 0; n < rows; ++n) {
-          S* __restrict a = v + n * 4 * W + rest[0] * W;
-          S* __restrict b = v + n * 4 * W + rest[1] * W;
-          S* __restrict c = v + n * 4 * W + rest[2] * W;
-          S* __restrict d = v + n * 4 * W + odd * W;
-          for (int w = 0; w < W; ++w) {
-            a[w] = F.value(a[w]);
-            b[w] = F.value(b[w]);
-            c[w] = F.value(c[w]);
-            d[w] = F1.value(d[w]);
-          }
+          S* r = v + n * 4 * W;
+          apply(F, r + rest[0] * W);
+          apply(F, r + rest[1] * W);
+          apply(F, r + rest[2] * W);
+          apply(F1, r + odd * W);
         }
       });
     });
@@ -463,10 +468,7 @@ struct Fused {  // S: the scalar type
   // f over `rows` vectors of W, `stride` elements apart.
   static void act_rows(Activation a, S* v, int64_t rows, int64_t stride) {
     with_activation<S>(a, [v, rows, stride](auto F) {
-      for (int64_t n = 0; n < rows; ++n) {
-        S* __restrict r = v + n * stride;
-        for (int w = 0; w < W; ++w) r[w] = F.value(r[w]);
-      }
+      for (int64_t n = 0; n < rows; ++n) apply(F, v + n * stride);
     });
   }
 

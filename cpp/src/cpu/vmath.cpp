@@ -1,6 +1,9 @@
 #include "cpu/vmath.hpp"
 
 #include "cpu/activations.hpp"
+#if defined(RNNCORE_VMATH_AVX512)
+#include "cpu/vmath_avx512.hpp"
+#endif
 
 // One binary for every x86-64: GCC clones the loops for AVX2+FMA and AVX-512 and picks
 // one when the library loads. Elsewhere the baseline ISA (NEON on arm64) is used.
@@ -39,19 +42,36 @@ RNNCORE_VMATH_INLINE void values_and_slopes(const T* x, T* y, T* dy, int64_t n) 
   }
 }
 
+// float32 on AVX-512: the fused kernels' forms (vmath_avx512.cpp).
+#if defined(RNNCORE_VMATH_AVX512)
+const bool kAvx512 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f"));
+#define RNNCORE_AVX512_FORM(f, ...) \
+  if (kAvx512) return avx512::f(__VA_ARGS__)
+#else
+#define RNNCORE_AVX512_FORM(f, ...)
+#endif
+
 }  // namespace
 
-RNNCORE_CLONES void sigmoid(const float* x, float* y, int64_t n) { values<act::Sigmoid>(x, y, n); }
-RNNCORE_CLONES void tanh(const float* x, float* y, int64_t n) { values<act::Tanh>(x, y, n); }
+RNNCORE_CLONES void sigmoid(const float* x, float* y, int64_t n) {
+  RNNCORE_AVX512_FORM(sigmoid, x, y, n);
+  values<act::Sigmoid>(x, y, n);
+}
+RNNCORE_CLONES void tanh(const float* x, float* y, int64_t n) {
+  RNNCORE_AVX512_FORM(tanh, x, y, n);
+  values<act::Tanh>(x, y, n);
+}
 RNNCORE_CLONES void sigmoid(const double* x, double* y, int64_t n) {
   values<act::Sigmoid>(x, y, n);
 }
 RNNCORE_CLONES void tanh(const double* x, double* y, int64_t n) { values<act::Tanh>(x, y, n); }
 
 RNNCORE_CLONES void sigmoid_grad(const float* x, float* y, float* dy, int64_t n) {
+  RNNCORE_AVX512_FORM(sigmoid_grad, x, y, dy, n);
   values_and_slopes<act::Sigmoid>(x, y, dy, n);
 }
 RNNCORE_CLONES void tanh_grad(const float* x, float* y, float* dy, int64_t n) {
+  RNNCORE_AVX512_FORM(tanh_grad, x, y, dy, n);
   values_and_slopes<act::Tanh>(x, y, dy, n);
 }
 RNNCORE_CLONES void sigmoid_grad(const double* x, double* y, double* dy, int64_t n) {

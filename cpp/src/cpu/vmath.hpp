@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 // Forced so that the per-ISA clones in vmath.cpp inline (and vectorise) them.
 #if defined(__GNUC__)
@@ -43,13 +46,19 @@ struct Binary<float> {
   // ln2 split: hi has 16 bits, n * hi is exact.
   static constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723212e-6f;
   static constexpr float kTanhSmall = 0.55f;
+  // Highest degree first (shared with the AVX-512 forms below).
+  static constexpr float kExpTaylor[8] = {
+      1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+  static constexpr float kTanhPoly[7] = {-9.174790319e-04f, 3.356197387e-03f,  -8.807121391e-03f,
+                                         2.186202857e-02f,  -5.396772056e-02f, 1.333333153e-01f,
+                                         -3.333333331e-01f};
   static RNNCORE_VMATH_INLINE float exp_taylor(float r) {
-    return horner(r, 1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f,
-                  1.0f, 1.0f);
+    const auto& c = kExpTaylor;
+    return horner(r, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
   }
   static RNNCORE_VMATH_INLINE float tanh_poly(float u) {
-    return horner(u, -9.174790319e-04f, 3.356197387e-03f, -8.807121391e-03f, 2.186202857e-02f,
-                  -5.396772056e-02f, 1.333333153e-01f, -3.333333331e-01f);
+    const auto& c = kTanhPoly;
+    return horner(u, c[0], c[1], c[2], c[3], c[4], c[5], c[6]);
   }
 };
 template <>
@@ -130,6 +139,62 @@ RNNCORE_VMATH_INLINE F sigmoid(F x) {
   const F s = F(1) / (F(1) + e);
   return x >= F(0) ? s : e * s;
 }
+
+#if defined(__AVX512F__)
+// 16 floats at a time, for the AVX-512 fused kernels and the float32 array forms on AVX-512
+// (vmath_avx512.cpp): the same reduction and polynomials as above, with vscalefps for 2^n
+// (one rounding, subnormal results included) and a reciprocal estimate refined by a Newton
+// step in place of each division (vdivps, at 10 cycles a vector, was a third of the LSTM's
+// gate activations). tests/cpp/test_vmath_avx512.cpp bounds their error.
+namespace v16 {
+// (maskz with every lane: the unmasked forms' undefined pass-through trips GCC's
+// uninitialised warning)
+constexpr __mmask16 kAll = 0xFFFF;
+RNNCORE_VMATH_INLINE __m512 splat(float c) { return _mm512_set1_ps(c); }
+RNNCORE_VMATH_INLINE __m512 sign_bits(__m512 x) {
+  return _mm512_castsi512_ps(
+      _mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(int32_t(0x80000000u))));
+}
+RNNCORE_VMATH_INLINE __m512 with_sign(__m512 a, __m512 s) {  // a (sign clear) | s's sign
+  return _mm512_castsi512_ps(
+      _mm512_or_epi32(_mm512_castps_si512(a), _mm512_castps_si512(sign_bits(s))));
+}
+RNNCORE_VMATH_INLINE __m512 exp_nonpositive(__m512 x) {
+  using B = Binary<float>;
+  x = _mm512_maskz_max_ps(kAll, splat(B::kExpMin),
+                          x);  // NaN stays NaN (max returns its second operand)
+  const __m512 t = _mm512_fmadd_ps(x, splat(B::kLog2e), splat(B::kRound));
+  const __m512 n = _mm512_sub_ps(t, splat(B::kRound));
+  __m512 r = _mm512_fnmadd_ps(n, splat(B::kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, splat(B::kLn2Lo), r);
+  __m512 p = splat(B::kExpTaylor[0]);
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, splat(B::kExpTaylor[i]));
+  return _mm512_maskz_scalef_ps(kAll, p, n);
+}
+// a / d for d in [1, 2]: the quotient by the estimate, then its residual times the estimate.
+RNNCORE_VMATH_INLINE __m512 divide(__m512 a, __m512 d) {
+  const __m512 r = _mm512_maskz_rcp14_ps(kAll, d);
+  const __m512 q = _mm512_mul_ps(a, r);
+  return _mm512_fmadd_ps(_mm512_fnmadd_ps(d, q, a), r, q);
+}
+RNNCORE_VMATH_INLINE __m512 sigmoid(__m512 x) {
+  const __m512 e = exp_nonpositive(with_sign(_mm512_abs_ps(x), splat(-1.0f)));  // e^-|x|
+  const __m512 s = divide(splat(1.0f), _mm512_add_ps(splat(1.0f), e));
+  return _mm512_mask_mul_ps(s, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), e, s);
+}
+RNNCORE_VMATH_INLINE __m512 tanh(__m512 x) {
+  const __m512 a = _mm512_abs_ps(x), u = _mm512_mul_ps(x, x);
+  const auto& c = Binary<float>::kTanhPoly;
+  __m512 q = splat(c[0]);
+  for (int i = 1; i < 7; ++i) q = _mm512_fmadd_ps(q, u, splat(c[i]));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(a, u), q, a);
+  const __m512 e = exp_nonpositive(_mm512_mul_ps(splat(-2.0f), a));
+  const __m512 big = divide(_mm512_sub_ps(splat(1.0f), e), _mm512_add_ps(splat(1.0f), e));
+  const __mmask16 lt = _mm512_cmp_ps_mask(a, splat(Binary<float>::kTanhSmall), _CMP_LT_OQ);
+  return with_sign(_mm512_mask_blend_ps(lt, big, small), x);  // odd: tanh(-0) = -0
+}
+}  // namespace v16
+#endif
 
 // Array forms (vmath.cpp), compiled for several x86 levels and picked at load time.
 void sigmoid(const float* x, float* y, int64_t n);
