@@ -416,7 +416,7 @@ struct Fused {  // S: the scalar type
 
   // v[0:W] = F(v[0:W]) in place; sigmoid and tanh by vmath's AVX-512 forms where they exist.
   template <class F>
-  static void apply(F f, S* v) {
+  static RNNCORE_VMATH_INLINE void apply(F f, S* v) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float> && W == 16) {
       if constexpr (std::is_same_v<F, act::Sigmoid<S>>)
