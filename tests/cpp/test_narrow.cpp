@@ -53,6 +53,45 @@ TEST(Narrow, EveryHalfWidensExactlyAndNarrowsBack) {
   }
 }
 
+// Arrays of several 64k-element blocks are converted by the pool's threads: every element
+// as it is alone, a ragged last block included.
+TEST(Narrow, WholeArraysConvertAsTheirElementsDo) {
+  const int64_t n = 3 * 65536 + 77;
+  std::mt19937 gen(7);
+  std::vector<float> x(static_cast<size_t>(n));
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = bits_float(static_cast<uint32_t>(gen()));
+    bits[i] = static_cast<uint16_t>(gen());
+  }
+  std::vector<uint16_t> got(static_cast<size_t>(n)), one(1);
+  std::vector<float> wide(static_cast<size_t>(n)), single(1);
+  // (F16C quiets a signalling NaN that the portable path keeps: NaN is all that is asked)
+  const auto same = [](float a, float b) {
+    return std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b));
+  };
+  narrow_half(x.data(), got.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    narrow_half(&x[i], one.data(), 1);
+    ASSERT_EQ(got[i], one[0]) << i;
+  }
+  rnncore::cpu::narrow_bfloat16(x.data(), got.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    rnncore::cpu::narrow_bfloat16(&x[i], one.data(), 1);
+    ASSERT_EQ(got[i], one[0]) << i;
+  }
+  widen_half(bits.data(), wide.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    widen_half(&bits[i], single.data(), 1);
+    ASSERT_TRUE(same(wide[i], single[0])) << i;
+  }
+  rnncore::cpu::widen_bfloat16(bits.data(), wide.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    rnncore::cpu::widen_bfloat16(&bits[i], single.data(), 1);
+    ASSERT_TRUE(same(wide[i], single[0])) << i;
+  }
+}
+
 #if defined(__FLT16_MAX__)
 TEST(Narrow, FloatsRoundToNearestEven) {
   // Every 389th float bit pattern (with both signs, subnormals, ties, overflow to infinity).
