@@ -1293,20 +1293,75 @@ struct Fused {  // S: the scalar type
         }
   }
 
+  // Two column panels of kProductRows rows at once: 2 × 8 accumulation chains, where one
+  // panel's 8 barely cover the FMA latency. Each element's arithmetic is tile<1, 8>'s.
+  static void tile_pair(const S* A, int64_t lda, int64_t K, const S* B0, const S* B1, S* out0,
+                        S* out1, bool accumulate) {
+    constexpr int M = kProductRows;
+    const vec zero = {};
+    vec acc0[M], acc1[M];
+    for (int r = 0; r < M; ++r) {
+      acc0[r] = accumulate ? load(out0 + r * W) : zero;
+      acc1[r] = accumulate ? load(out1 + r * W) : zero;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const vec b0 = load(B0 + k * W), b1 = load(B1 + k * W);
+      for (int r = 0; r < M; ++r) {
+        const S a = A[r * lda + k];
+        acc0[r] += a * b0;
+        acc1[r] += a * b1;
+      }
+    }
+    for (int r = 0; r < M; ++r) {
+      store(out0 + r * W, acc0[r]);
+      store(out1 + r * W, acc1[r]);
+    }
+  }
+
+  // block_product<1> of two panels (the same k blocks, so the same bits): whole row tiles
+  // by tile_pair, the last partial one panel after the other.
+  static void pair_product(const S* A, int64_t lda, int64_t M, int64_t K, const S* B0, const S* B1,
+                           S* out0, S* out1) {
+    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (W * static_cast<int64_t>(sizeof(S))));
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K - k0);
+      for (int64_t n0 = 0; n0 < M; n0 += kProductRows) {
+        const int m = static_cast<int>(std::min<int64_t>(kProductRows, M - n0));
+        const S* a = A + n0 * lda + k0;
+        if (m == kProductRows) {
+          tile_pair(a, lda, kc, B0 + k0 * W, B1 + k0 * W, out0 + n0 * W, out1 + n0 * W, k0 > 0);
+        } else {
+          tile_rows<1, S>(m, a, lda, kc, B0 + k0 * W, out0 + n0 * W, k0 > 0);
+          tile_rows<1, S>(m, a, lda, kc, B1 + k0 * W, out1 + n0 * W, k0 > 0);
+        }
+      }
+    }
+  }
+
   static void matmul(const S* A, int64_t lda, int64_t M, int64_t K, const S* packed, int64_t n,
                      S* C, int64_t ldc, bool accumulate) {
-    std::vector<S> blk(static_cast<size_t>(M * W));
+    std::vector<S> blk(static_cast<size_t>(2 * M * W));
     const int64_t nb = (n + W - 1) / W;
-    for (int64_t b = 0; b < nb; ++b) {
+    const auto out = [&](int64_t b, const S* v0) {
       const int64_t j0 = b * W, wv = std::min<int64_t>(W, n - j0);
-      block_product<1>(A, lda, M, K, packed + b * K * W, blk.data());
       for (int64_t r = 0; r < M; ++r) {
         S* c = C + r * ldc + j0;
-        const S* v = blk.data() + r * W;
+        const S* v = v0 + r * W;
         if (accumulate)
           for (int64_t w = 0; w < wv; ++w) c[w] += v[w];
         else
           for (int64_t w = 0; w < wv; ++w) c[w] = v[w];
+      }
+    };
+    S* blk1 = blk.data() + M * W;
+    for (int64_t b = 0; b < nb; b += 2) {
+      if (b + 1 < nb) {
+        pair_product(A, lda, M, K, packed + b * K * W, packed + (b + 1) * K * W, blk.data(), blk1);
+        out(b, blk.data());
+        out(b + 1, blk1);
+      } else {
+        block_product<1>(A, lda, M, K, packed + b * K * W, blk.data());
+        out(b, blk.data());
       }
     }
   }
