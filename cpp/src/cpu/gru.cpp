@@ -74,12 +74,65 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
+// The gradient of one row of a backward step, as the contract's expressions read (in
+// loops the compiler vectorises): the path around the gates (`direct`), and dX' of the
+// update gate and of the candidate's pre-activation.
+template <bool FlipZ, class T>
+void gru_row_gradient(int64_t H, const T* __restrict dh, const T* __restrict zg,
+                      const T* __restrict dzg, const T* __restrict og, const T* __restrict dog,
+                      const T* __restrict hp, T* __restrict direct, T* __restrict dxz,
+                      T* __restrict dxo) {
+  for (int64_t j = 0; j < H; ++j) {
+    T dz, d_o;
+    if constexpr (FlipZ) {
+      dz = dh[j] * (og[j] - hp[j]);
+      d_o = dh[j] * zg[j];
+      direct[j] = dh[j] * (T(1) - zg[j]);
+    } else {
+      dz = dh[j] * (hp[j] - og[j]);
+      d_o = dh[j] * (T(1) - zg[j]);
+      direct[j] = dh[j] * zg[j];
+    }
+    dxz[j] = dz * dzg[j];
+    dxo[j] = d_o * dog[j];
+  }
+}
+
+// Reset-after: dX' of the reset gate and δq = δa_o ⊙ r, with [δa_z, δa_r, δq] gathered for
+// the step's one product.
+template <class T>
+void gru_reset_after_gradient(int64_t H, const T* __restrict dao, const T* __restrict q,
+                              const T* __restrict r, const T* __restrict dr,
+                              const T* __restrict dxz, T* __restrict dxr, T* __restrict dq,
+                              T* __restrict gz, T* __restrict gr, T* __restrict gq) {
+  for (int64_t j = 0; j < H; ++j) {
+    dxr[j] = dao[j] * q[j] * dr[j];
+    dq[j] = dao[j] * r[j];
+    gz[j] = dxz[j];
+    gr[j] = dxr[j];
+    gq[j] = dq[j];
+  }
+}
+
+// Reset-before, from δu = δa_o R_o: dX' of the reset gate, u = r ⊙ h̃ for dR, and the
+// part of δh[t-1] through u.
+template <class T>
+void gru_reset_before_gradient(int64_t H, const T* __restrict du, const T* __restrict hm,
+                               const T* __restrict r, const T* __restrict dr, T* __restrict dxr,
+                               T* __restrict u, T* __restrict dh_prev) {
+  for (int64_t j = 0; j < H; ++j) {
+    dxr[j] = du[j] * hm[j] * dr[j];
+    u[j] = r[j] * hm[j];
+    dh_prev[j] = du[j] * r[j];
+  }
+}
+
 // BPTT per the contract. Reset-before needs δu = δa_o R_o before δr, so it takes two
 // GEMMs per step; reset-after folds δq into the one product with R.
 template <class T>
 void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G3 = 3 * H;
-  Scratch<T> ws(N * H * 6 + N * G3 + 5 * H);
+  Scratch<T> ws(N * H * 6 + N * G3 + 6 * H);
   T* zeros = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* direct = ws.take(N * H);  // δh ⊙ z (or 1 - z): the path around the gates
@@ -94,6 +147,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
   T* og = ws.take(H);
   T* dog = ws.take(H);
   T* ao = ws.take(H);
+  T* dh = ws.take(H);
   const T* R = static_cast<const T*>(a.R);
   const int64_t zo = p.gru_z * H, ro = p.gru_r * H, oo = 2 * H;
   const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r], act_o = p.gate_act[2];
@@ -122,34 +176,19 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       activate_grad(act_o, ao, og, dog, H);
       T* dxr = dx + n * a.dxp_ld;
       T* dir = direct + n * H;
-      for (int64_t j = 0; j < H; ++j) {
-        T dh = dy[n * a.dy_ld + j] + dh_next[n * H + j];
-        if (dfin) dh += dfin[n * a.dh_final_ld + j];
-        T dz, d_o;
-        if (p.gru.flip_z) {
-          dz = dh * (og[j] - hpr[j]);
-          d_o = dh * zg[j];
-          dir[j] = dh * (T(1) - zg[j]);
-        } else {
-          dz = dh * (hpr[j] - og[j]);
-          d_o = dh * (T(1) - zg[j]);
-          dir[j] = dh * zg[j];
-        }
-        dxr[zo + j] = dz * dzg[j];
-        dxr[oo + j] = d_o * dog[j];
-      }
+      const T* dyr = dy + n * a.dy_ld;
+      const T* dhr = dh_next + n * H;
+      for (int64_t j = 0; j < H; ++j) dh[j] = dyr[j] + dhr[j];
+      if (dfin)
+        for (int64_t j = 0; j < H; ++j) dh[j] += dfin[n * a.dh_final_ld + j];
+      if (p.gru.flip_z)
+        gru_row_gradient<true>(H, dh, zg, dzg, og, dog, hpr, dir, dxr + zo, dxr + oo);
+      else
+        gru_row_gradient<false>(H, dh, zg, dzg, og, dog, hpr, dir, dxr + zo, dxr + oo);
       if (p.gru.reset_after) {
-        const T* q = zr + oo;
         T* dgr = dg + n * G3;
-        T* dq = sd + n * H;
-        for (int64_t j = 0; j < H; ++j) {
-          const T dao = dxr[oo + j];
-          dxr[ro + j] = dao * q[j] * dr[j];
-          dq[j] = dao * r[j];
-          dgr[zo + j] = dxr[zo + j];
-          dgr[ro + j] = dxr[ro + j];
-          dgr[oo + j] = dq[j];
-        }
+        gru_reset_after_gradient(H, dxr + oo, zr + oo, r, dr, dxr + zo, dxr + ro, sd + n * H,
+                                 dgr + zo, dgr + ro, dgr + oo);
       }
     }
     if (p.gru.reset_after) {
@@ -163,12 +202,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         const T* hmr = hm + n * H;
         const T* dur = du + n * H;
         T* dxr = dx + n * a.dxp_ld;
-        T* u = sd + n * H;
-        for (int64_t j = 0; j < H; ++j) {
-          dxr[ro + j] = dur[j] * hmr[j] * dr[j];
-          u[j] = r[j] * hmr[j];
-          dh_next[n * H + j] = dur[j] * r[j];
-        }
+        gru_reset_before_gradient(H, dur, hmr, r, dr, dxr + ro, sd + n * H, dh_next + n * H);
       }
       step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, sl.tiles, H, dh_next, H, true);
     }

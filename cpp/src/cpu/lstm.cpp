@@ -53,6 +53,30 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
   }
 }
 
+// One row of a backward step: the cell gradient dc (carried in dcn, plus dc_step when
+// given) and dX' of the four gates, from dh and the activated gates. Each element is
+// computed as the contract's expressions read, left to right.
+template <class T>
+void lstm_row_gradient(int64_t H, const T* __restrict dh, const T* __restrict gi,
+                       const T* __restrict gf, const T* __restrict gz, const T* __restrict go,
+                       const T* __restrict dgi, const T* __restrict dgf, const T* __restrict dgz,
+                       const T* __restrict dgo, const T* __restrict phi, const T* __restrict dphi,
+                       const T* __restrict cp, const T* __restrict dc_step, T* __restrict dcn,
+                       T* __restrict dxi, T* __restrict dxf, T* __restrict dxz, T* __restrict dxo) {
+  for (int64_t j = 0; j < H; ++j) dxo[j] = dh[j] * phi[j] * dgo[j];
+  if (dc_step)
+    for (int64_t j = 0; j < H; ++j) dcn[j] = dh[j] * go[j] * dphi[j] + dcn[j] + dc_step[j];
+  else
+    for (int64_t j = 0; j < H; ++j) dcn[j] = dh[j] * go[j] * dphi[j] + dcn[j];
+  for (int64_t j = 0; j < H; ++j) {
+    const T dc = dcn[j];
+    dxi[j] = dc * gz[j] * dgi[j];
+    dxz[j] = dc * gi[j] * dgz[j];
+    dxf[j] = dc * cp[j] * dgf[j];
+    dcn[j] = dc * gf[j];
+  }
+}
+
 // BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step, rebuilt from
 // z_state and the cell output; dR and the per-step dX' products are GEMMs.
 template <class T>
@@ -94,17 +118,15 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
       const T* cpr = cp.row(n);
       T* dxr = dx + n * a.dxp_ld;
       T* dcn = dc_next + n * H;
-      for (int64_t j = 0; j < H; ++j) {
-        T dh = dy[n * a.dy_ld + j] + dh_next[n * H + j];
-        if (dfin) dh += dfin[n * a.dh_final_ld + j];
-        T dc = dh * g[oo + j] * dphi[j] + dcn[j];
-        if (dcs) dc += dcs[n * a.dc_steps_ld + j];
-        dxr[oo + j] = dh * phi[j] * dg[oo + j];
-        dxr[oi + j] = dc * g[oz + j] * dg[oi + j];
-        dxr[oz + j] = dc * g[oi + j] * dg[oz + j];
-        dxr[of + j] = dc * cpr[j] * dg[of + j];
-        dcn[j] = dc * g[of + j];
-      }
+      // dh of the row, then its gates' dX' (lstm_row_gradient: loops the compiler vectorises).
+      const T* dyr = dy + n * a.dy_ld;
+      T* dhr = dh_next + n * H;
+      for (int64_t j = 0; j < H; ++j) tmp[j] = dyr[j] + dhr[j];
+      if (dfin)
+        for (int64_t j = 0; j < H; ++j) tmp[j] += dfin[n * a.dh_final_ld + j];
+      lstm_row_gradient(H, tmp, g + oi, g + of, g + oz, g + oo, dg + oi, dg + of, dg + oz, dg + oo,
+                        phi, dphi, cpr, dcs ? dcs + n * a.dc_steps_ld : nullptr, dcn, dxr + oi,
+                        dxr + of, dxr + oz, dxr + oo);
       if (P)
         for (int64_t k = 0; k < 4; ++k)
           for (int64_t j = 0; j < H; ++j) {
