@@ -116,7 +116,7 @@ bool blas_path_forced() {
 // The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 8 rows a slice: BLAS
 // may sum another way for another row count.
 template <class T>
-void backward_impl(const Problem& p, const DirectionBackward* dirs) {
+void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   ThreadPool& pool = ThreadPool::instance();
   const int64_t N = p.N, H = p.H, TNH = p.T * p.N * p.H;
   const int64_t groups = (N + kProductRows - 1) / kProductRows;
@@ -133,6 +133,11 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
   T* const side = side_buf.ptr<T>();  // null without one
   std::vector<T> dP(p.op == detail::OpKind::Lstm ? static_cast<size_t>(p.D * groups * 4 * H) : 0,
                     T(0));
+  // The bias gradient, dX''s column sums, by the slices per group of kProductRows rows (each
+  // in step order, last step first), summed in group order afterwards: bits that do not
+  // depend on the slicing.
+  const int64_t GH = p.gh();
+  std::vector<T> db(dbias ? static_cast<size_t>(p.D * groups * GH) : 0, T(0));
   // R packed once per direction for the per-step products: for bfloat16 storage on AMX as
   // tiles (R's values are bfloat16), else as the fused kernels' column panels. A tile
   // product costs the same for 1 row as for 16: below a group of kProductRows rows the
@@ -167,9 +172,17 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
                         dP.empty() ? nullptr : dP.data() + (d * groups + n0 / kProductRows) * 4 * H,
                         packed[d].empty() ? nullptr : packed[d].data(),
                         packed_o[d].empty() ? nullptr : packed_o[d].data(),
-                        tiles};
+                        tiles,
+                        db.empty() ? nullptr : db.data() + (d * groups + n0 / kProductRows) * GH};
     run_slice<T>(p, from_row(dirs[d], n0, sizeof(T)), sl);
   });
+  if (dbias)
+    for (int64_t d = 0; d < p.D; ++d)
+      for (int64_t j = 0; j < GH; ++j) {
+        T sum = T(0);
+        for (int64_t g = 0; g < groups; ++g) sum += db[(d * groups + g) * GH + j];
+        dbias[d * GH + j] = sum;
+      }
   for (int64_t d = 0; d < p.D; ++d) {
     reduce<T>(p, dirs[d], hm_all + d * TNH, side ? side + d * TNH : nullptr);
     if (dirs[d].dP) {
@@ -185,21 +198,10 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs) {
 
 template <class T>
 void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W, T* dsource,
-                          T* dW, T* dbias) {
+                          T* dW) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
   if (dsource && W) gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I);
   if (dW) gradient_gemm<T>(p, true, cols, I, rows, dxp, cols, source, I, dW, I);
-  if (dbias) {
-    // Column sums, each in row order, by blocks of columns the pool's threads claim.
-    const int64_t block = 256;
-    const int64_t blocks = rows * cols >= (int64_t(1) << 18) ? (cols + block - 1) / block : 1;
-    ThreadPool::instance().parallel_for(blocks, [&](int64_t b) {
-      const int64_t j0 = cols * b / blocks, j1 = cols * (b + 1) / blocks;
-      for (int64_t j = j0; j < j1; ++j) dbias[j] = T(0);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = j0; j < j1; ++j) dbias[j] += dxp[r * cols + j];
-    });
-  }
 }
 
 // Runs f(dirs[d]) for every direction, the two of a bidirectional layer claimed by two
@@ -253,15 +255,15 @@ void project(const Problem& p, const void* source, const void* W, const void* bi
 }
 
 void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
-                     void* dsource, void* dW, void* dbias) {
+                     void* dsource, void* dW) {
   if (p.dtype == DType::Float32)
     input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
                          static_cast<const float*>(W), static_cast<float*>(dsource),
-                         static_cast<float*>(dW), static_cast<float*>(dbias));
+                         static_cast<float*>(dW));
   else
     input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
                          static_cast<const double*>(W), static_cast<double*>(dsource),
-                         static_cast<double*>(dW), static_cast<double*>(dbias));
+                         static_cast<double*>(dW));
 }
 
 // Direction d's view of the layer's inputs: weights, initial state and cell, mask (already
@@ -402,11 +404,11 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in) {
     a.dc0 = rows(in.dc0, a.dc0_ld);
   }
   if (p.dtype == DType::Float32)
-    backward_impl<float>(p, dirs);
+    backward_impl<float>(p, dirs, static_cast<float*>(in.dbias));
   else
-    backward_impl<double>(p, dirs);
+    backward_impl<double>(p, dirs, static_cast<double*>(in.dbias));
   input_gradients(p, dxp, in.fwd.source, in.fwd.input_weight,
-                  p.has_input_weight ? in.dsource : nullptr, in.dW, in.dbias);
+                  p.has_input_weight ? in.dsource : nullptr, in.dW);
 }
 
 // ---- float16 and bfloat16 storage (contract: storage types) ------------------------------

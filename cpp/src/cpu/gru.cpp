@@ -206,6 +206,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       }
       step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, sl.tiles, H, dh_next, H, true);
     }
+    add_bias_rows(sl, dx, a.dxp_ld, G3);
     apply_mask(a, dh_next, N, H);
     for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];
   }

@@ -156,7 +156,21 @@ struct BackwardSlice {
   const T* packed_R;
   const T* packed_Ro;
   bool tiles;  // packed by FusedOps::pack_tiles (bfloat16 storage on AMX), not pack_columns
+  T* db;       // the bias gradient [G*H] of each kProductRows rows, zeroed; null: none wanted
 };
+
+// Each row of dX'_s [rows, K] added to the bias-gradient sum of its group of kProductRows
+// rows, while the step's rows are in cache (a pass over all of dX' afterwards reads it
+// from memory once more).
+template <class T>
+void add_bias_rows(const BackwardSlice<T>& sl, const T* dx, int64_t ld, int64_t K) {
+  if (!sl.db) return;
+  for (int64_t n = 0; n < sl.rows; ++n) {
+    T* __restrict sum = sl.db + n / kProductRows * K;
+    const T* __restrict row = dx + n * ld;
+    for (int64_t k = 0; k < K; ++k) sum[k] += row[k];
+  }
+}
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
 // operand was packed (as AMX tiles with `tiles`), else BLAS. Big enough products (a backward slice
@@ -205,6 +219,7 @@ void end_step(const Problem& p, const DirectionBackward& a, const BackwardSlice<
   else if (a.h0)
     hp = {static_cast<const T*>(a.h0), a.h0_ld};
   store_masked(a, hp, N, H, sl.hm_all + tin * p.N * H);
+  add_bias_rows(sl, dx, a.dxp_ld, K);
   step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, sl.tiles, H, dh_next,
                   H, false);
   apply_mask(a, dh_next, N, H);
