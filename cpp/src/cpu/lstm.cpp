@@ -77,14 +77,14 @@ void lstm_row_gradient(int64_t H, const T* __restrict dh, const T* __restrict gi
   }
 }
 
-// BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step, rebuilt from
-// z_state and the cell output; dR and the per-step dX' products are GEMMs.
+// BPTT per the contract. h[t-1] (for dR) is o ⊙ φ(c) of the previous step: the step
+// that activates them (the next one this loop runs) stores it; dR is one GEMM after the
+// loop, and each step's dX' product is the packed kernel's.
 template <class T>
 void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G4 = 4 * H;
-  Scratch<T> ws(N * H * 4 + 2 * G4 + 3 * H);
+  Scratch<T> ws(N * H * 3 + 2 * G4 + 3 * H);
   T* zeros = ws.take(N * H);
-  T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
   T* g = ws.take(G4);   // activated gates of one row
@@ -115,6 +115,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
       for (int64_t k = 0; k < 4; ++k)
         activate_grad(p.gate_act[k], zr + k * H, g + k * H, dg + k * H, H);
       activate_grad(p.cell_act, c + n * a.c_fwd_ld, phi, dphi, H);
+      store_next_state(p, a, sl, s, n, g + oo, phi);
       const T* cpr = cp.row(n);
       T* dxr = dx + n * a.dxp_ld;
       T* dcn = dc_next + n * H;
@@ -134,18 +135,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
             dcn[j] += dxr[k * H + j] * P[k * H + j];
           }
     }
-    // h[t-1] = o ⊙ φ(c) of the previous step, or the initial state.
-    if (s > 0) {
-      const int64_t tp = step_time(s - 1, T_, a.flip_out);
-      const T* zp = static_cast<const T*>(a.z) + tp * TS * a.z_ld;
-      for (int64_t n = 0; n < N; ++n) {
-        const Rows<const T> cpv{cp.data, cp.ld};
-        activate(p.gate_act[p.lstm_o], zp + n * a.z_ld + oo, tmp, H);
-        activate(p.cell_act, cpv.row(n), phi, H);
-        for (int64_t j = 0; j < H; ++j) hprev[n * H + j] = tmp[j] * phi[j];
-      }
-    }
-    end_step(p, a, sl, s, hprev, zeros, dx, G4, dh_next);
+    end_step(p, a, sl, s, zeros, dx, G4, dh_next);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
   copy_rows(dc_next, N, H, a.dc0, a.dc0_ld);

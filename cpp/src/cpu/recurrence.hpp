@@ -205,20 +205,37 @@ void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, con
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
 }
 
-// The end of backward step s of the single-gate RNN and the LSTM: h̃ (the state entering
-// the step, masked: `hprev` as the cell rebuilt it after step 0, else the initial state or
-// zeros) kept for dR at input time, and dh of the step before = (dX'_s R) ⊙ mask, with
-// dX'_s [rows, K].
+// h̃ entering step s + 1 for dR: h_s = o ⊙ φ (φ null: h_s = o) of batch row n, masked,
+// from the activations backward step s has computed anyway (the single-gate RNN and the
+// LSTM; the first step's h̃ is stored by end_step).
+template <class T>
+void store_next_state(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl,
+                      int64_t s, int64_t n, const T* __restrict o, const T* __restrict phi) {
+  if (s + 1 >= p.T) return;
+  const int64_t H = p.H;
+  T* __restrict h = sl.hm_all + step_time(s + 1, p.T, a.flip_in) * p.N * H + n * H;
+  if (phi)
+    for (int64_t j = 0; j < H; ++j) h[j] = o[j] * phi[j];
+  else
+    std::memcpy(h, o, static_cast<size_t>(H) * sizeof(T));
+  if (a.mask) {
+    const T* __restrict m = static_cast<const T*>(a.mask) + n * a.mask_ld;
+    for (int64_t j = 0; j < H; ++j) h[j] *= m[j];
+  }
+}
+
+// The end of backward step s of the single-gate RNN and the LSTM: at the first step the
+// h̃ it entered with (the initial state or zeros, masked), and dh of the step before =
+// (dX'_s R) ⊙ mask, with dX'_s [rows, K].
 template <class T>
 void end_step(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl, int64_t s,
-              const T* hprev, const T* zeros, const T* dx, int64_t K, T* dh_next) {
-  const int64_t N = sl.rows, H = p.H, tin = step_time(s, p.T, a.flip_in);
-  Rows<const T> hp{zeros, H};
-  if (s > 0)
-    hp = {hprev, H};
-  else if (a.h0)
-    hp = {static_cast<const T*>(a.h0), a.h0_ld};
-  store_masked(a, hp, N, H, sl.hm_all + tin * p.N * H);
+              const T* zeros, const T* dx, int64_t K, T* dh_next) {
+  const int64_t N = sl.rows, H = p.H;
+  if (s == 0) {
+    const Rows<const T> hp =
+        a.h0 ? Rows<const T>{static_cast<const T*>(a.h0), a.h0_ld} : Rows<const T>{zeros, H};
+    store_masked(a, hp, N, H, sl.hm_all + step_time(0, p.T, a.flip_in) * p.N * H);
+  }
   add_bias_rows(sl, dx, a.dxp_ld, K);
   step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, sl.tiles, H, dh_next,
                   H, false);

@@ -34,9 +34,8 @@ void rnn_forward(const Problem& p, const DirectionForward& a) {
 template <class T>
 void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H;
-  Scratch<T> ws(N * H * 3 + 2 * H);
+  Scratch<T> ws(N * H * 2 + 2 * H);
   T* zeros = ws.take(N * H);
-  T* hprev = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* f = ws.take(H);
   T* df = ws.take(H);
@@ -49,6 +48,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
     T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
     for (int64_t n = 0; n < N; ++n) {
       activate_grad(act, z + n * a.z_ld, f, df, H);
+      store_next_state(p, a, sl, s, n, f, static_cast<const T*>(nullptr));
       const T* dyr = dy + n * a.dy_ld;
       const T* dn = dh_next + n * H;
       T* dxr = dx + n * a.dxp_ld;
@@ -58,12 +58,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         for (int64_t j = 0; j < H; ++j) dxr[j] += dfin[n * a.dh_final_ld + j];
       for (int64_t j = 0; j < H; ++j) dxr[j] *= df[j];
     }
-    // h[t-1]: the initial state, or the activation of the previous step's z.
-    if (s > 0) {
-      const T* zp = static_cast<const T*>(a.z) + step_time(s - 1, T_, a.flip_out) * TS * a.z_ld;
-      for (int64_t n = 0; n < N; ++n) activate(act, zp + n * a.z_ld, hprev + n * H, H);
-    }
-    end_step(p, a, sl, s, hprev, zeros, dx, H, dh_next);
+    end_step(p, a, sl, s, zeros, dx, H, dh_next);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
 }
