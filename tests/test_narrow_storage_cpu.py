@@ -148,6 +148,38 @@ def test_bfloat16_dot_products(name, bidirectional, training):
             assert err.max() <= tol * max(np.abs(b).max(), 1e-30), (T, N, I, H, err.max())
 
 
+@pytest.mark.skipif(not BFLOAT16_DOT, reason="the vdpbf16ps variants only")
+def test_bfloat16_lstm_inference_writes_its_outputs_in_bfloat16():
+    """A bfloat16 LSTM inference on pairs with an even H writes its state and cell outputs in
+    bfloat16 in the steps, and an unmasked step takes the previous step's output rows as its
+    product's pairs: the same bits as with a mask of ones (whose h̃ the step rounds from
+    float32), with and without the cell output, reverse and bidirectional, with NaN and
+    infinities (a ReLU cell) in the state."""
+    for T, N, I, H in [(1, 1, 3, 2), (4, 5, 7, 48), (3, 32, 64, 64), (2, 33, 10, 34)]:  # noqa: E741
+        for bidirectional, reverse in [(False, False), (False, True), (True, False)]:
+            D = 2 if bidirectional else 1  # noqa: N806
+            rng = np.random.default_rng(T + N + H)
+            a = inputs("lstm", rng, T, N, I, H, D, ml_dtypes.bfloat16)
+            a["source"][0, 0, :] = np.inf
+            if N > 2:
+                a["source"][0, 2, 0] = np.nan
+            ones = np.ones_like(a.pop("mask"))
+            for relu in (False, True):
+                kw = dict(bidirectional=bidirectional, reverse=reverse)
+                if relu:
+                    kw["cell_gate_activation"] = rnncore.Activation.RELU
+                runs = []
+                for mask, cell in [(None, True), (ones, True), (None, False)]:
+                    desc = rnncore.LSTMDescriptor(produce_cell=cell, **kw)
+                    out = rnncore.lstm(**a, mask=mask, descriptor=desc, device="cpu")
+                    runs.append([np.asarray(x).view(np.uint16) for x in out if x is not None])
+                shape = (T, N, I, H, bidirectional, reverse, relu)
+                for got in runs[1:]:
+                    for x, y in zip(got, runs[0]):
+                        np.testing.assert_array_equal(x, y, err_msg=str(shape))
+                assert np.isnan(runs[0][0].view(ml_dtypes.bfloat16).astype(np.float32)).any()
+
+
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), *NARROW], ids=str)
 def test_projecting_in_the_steps_gives_the_same_bits_at_every_thread_count(dtype, name):

@@ -46,6 +46,12 @@ struct DirectionForward : DirectionInputs {
   int64_t y_ld = 0;
   void* c = nullptr;  // LSTM cell output [T, N, H] or null
   int64_t c_ld = 0;
+  // A bfloat16 LSTM inference on the vdpbf16ps path: the caller's bfloat16 state and cell
+  // outputs (y_ld and c_ld apart), which the steps write directly (y and c are then null):
+  // the next step's product reads its operand from y_bits as pairs, and the cell carried
+  // between steps stays float32 in the workspace.
+  uint16_t* y_bits = nullptr;
+  uint16_t* c_bits = nullptr;
   void* z = nullptr;  // training state [T, N, ZG*H] or null
   int64_t z_ld = 0;
 };

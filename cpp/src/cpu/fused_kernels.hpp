@@ -19,6 +19,7 @@
 
 #include "cpu/activations.hpp"
 #include "cpu/fused.hpp"
+#include "cpu/narrow.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/vmath.hpp"
 
@@ -664,8 +665,10 @@ struct Fused {  // S: the scalar type
     const void* dir;
     int64_t step, lda;
   };
+  // With bits, A holds bfloat16 rows already (lda apart, H even): they are copied as they
+  // are (tile loads of rows the other thread has just written ran slower than the copy).
   static Operand product_operand(const Problem& p, const Dir& a, const S* A, int64_t lda, int64_t s,
-                                 S* blk) {
+                                 S* blk, const uint16_t* bits = nullptr) {
     Operand o{A, lda, nullptr, 0, false};
 #if RNNCORE_FUSED_DOT_BF16
     if (dot_panels(a)) {
@@ -673,17 +676,22 @@ struct Fused {  // S: the scalar type
       o.ld2 = (p.H + 1) / 2;
       o.split = a.z != nullptr;
       o.pairs = pairs;
-      const OperandKey key{A, &a, s, lda};
+      const OperandKey key{bits ? static_cast<const void*>(bits) : A, &a, s, lda};
       void* held = pairs + 2 * p.N * o.ld2;
       OperandKey had;
       std::memcpy(&had, held, sizeof had);
       if (had.A == key.A && had.dir == key.dir && had.step == key.step && had.lda == key.lda)
         return o;
-      to_pairs(A, lda, p.N, p.H, pairs, o.ld2, o.split);
+      if (bits)
+        for (int64_t n = 0; n < p.N; ++n)
+          std::memcpy(static_cast<void*>(pairs + n * o.ld2), bits + n * lda,
+                      static_cast<size_t>(p.H) * sizeof(uint16_t));
+      else
+        to_pairs(A, lda, p.N, p.H, pairs, o.ld2, o.split);
       std::memcpy(held, &key, sizeof key);
     }
 #else
-    (void)p, (void)a, (void)s, (void)blk;
+    (void)p, (void)a, (void)s, (void)blk, (void)bits;
 #endif
     return o;
   }
@@ -743,15 +751,45 @@ struct Fused {  // S: the scalar type
     return a.mask ? Rows{bf.hm[s & 1], H} : hprev;
   }
 
-  // Stores h for units [u0, u0 + wv) of row n, and h ⊙ m for the next step.
+  // Stores h for units [u0, u0 + wv) of row n (into the step's rows y, or in bfloat16 into
+  // yb), and h ⊙ m for the next step.
   static void store_h(const Dir& a, const Buffers& bf, S* y, int64_t n, int64_t u0, int64_t wv,
-                      const S* h, int64_t s, int64_t H) {
-    std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * sizeof(S));
+                      const S* h, int64_t s, int64_t H, uint16_t* yb = nullptr) {
+    if (yb)
+      store_bits(yb + n * a.y_ld + u0, h, wv);
+    else
+      std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * sizeof(S));
     if (a.mask) {
       const S* m = static_cast<const S*>(a.mask) + n * a.mask_ld + u0;
       S* out = bf.hm[(s + 1) & 1] + n * H + u0;
       for (int64_t w = 0; w < wv; ++w) out[w] = h[w] * m[w];
     }
+  }
+
+  // dst[w] = bfloat16(src[w]) for w < n, as narrow_bfloat16 rounds (the whole-array pass
+  // that the outputs written this way skip).
+  static void store_bits(uint16_t* dst, const S* src, int64_t n) {
+#if RNNCORE_FUSED_DOT_BF16
+    if constexpr (std::is_same_v<S, float>) {  // (the only variant that writes them)
+      const __mmask16 all = 0xFFFF;
+      for (int64_t w = 0; w < n; w += 16) {
+        const __mmask16 m = n - w >= 16 ? all : __mmask16((1u << (n - w)) - 1);
+        const __m512i x = _mm512_maskz_loadu_epi32(m, src + w);
+        const __m512i one = _mm512_set1_epi32(1), hi = _mm512_maskz_srli_epi32(all, x, 16);
+        const __m512i r =
+            _mm512_maskz_srli_epi32(all,
+                                    _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)),
+                                                     _mm512_and_si512(hi, one)),
+                                    16);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+        const __m512i q = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+        _mm256_mask_storeu_epi16(dst + w, m, _mm512_maskz_cvtepi32_epi16(all, q));
+      }
+      return;
+    }
+#endif
+    for (int64_t w = 0; w < n; ++w) dst[w] = float_to_bfloat16(static_cast<float>(src[w]));
   }
 
   static int64_t time_in(const Dir& a, int64_t s, int64_t T) { return a.flip_in ? T - 1 - s : s; }
@@ -767,7 +805,7 @@ struct Fused {  // S: the scalar type
   static StepRows step_rows(const Problem& p, const Dir& a, int64_t s) {
     const int64_t tout = time_out(a, s, p.T);
     return {a.xp ? static_cast<const S*>(a.xp) + time_in(a, s, p.T) * p.N * a.xp_ld : nullptr,
-            static_cast<S*>(a.y) + tout * p.N * a.y_ld,
+            a.y ? static_cast<S*>(a.y) + tout * p.N * a.y_ld : nullptr,
             a.z ? static_cast<S*>(a.z) + tout * p.N * a.z_ld : nullptr};
   }
 
@@ -1002,13 +1040,23 @@ struct Fused {  // S: the scalar type
     const int64_t oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
-    const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
-    const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
+    // Outputs in bfloat16 (y_bits): the unmasked operand of a later step is the previous
+    // step's output rows as they are, the very pairs to_pairs would make of them.
+    const bool bits = a.y_bits != nullptr;
+    const Operand op = [&] {
+      if (bits && s > 0 && !a.mask)
+        return product_operand(p, a, nullptr, a.y_ld, s, blk,
+                               a.y_bits + time_out(a, s - 1, p.T) * N * a.y_ld);
+      const Rows A = a.mask ? Rows{bf.hm[s & 1], H} : prev_state(p, a, bf, s);
+      return product_operand(p, a, A.data, A.ld, s, blk);
+    }();
     // Named copies, not a structured binding: C++17 lambdas cannot capture those (Clang).
     const StepRows rows = step_rows(p, a, s);
     const S* const x = rows.x;
     S* const y = rows.y;
     S* const z = rows.z;
+    uint16_t* const yb = bits ? a.y_bits + time_out(a, s, p.T) * N * a.y_ld : nullptr;
+    uint16_t* const cb = a.c_bits ? a.c_bits + time_out(a, s, p.T) * N * a.c_ld : nullptr;
     const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
     // A fused projection: the step's source rows, multiplied by W's panels after R's.
@@ -1076,15 +1124,16 @@ struct Fused {  // S: the scalar type
           for (int64_t w = wv; w < W; ++w) phi[w] = S(0);
           std::memcpy(v + oi * W, phi, sizeof phi);
         }
+        if (cb) store_bits(cb + n * a.c_ld + u0, cr, wv);
       };
       auto outputs = [&](auto full, int64_t n) {
         const S* v = blk + n * G * W;
         if constexpr (decltype(full)::value) {
           store(phi, load(v + oi * W) * load(v + oo * W));
-          store_h(a, bf, y, n, u0, W, phi, s, H);
+          store_h(a, bf, y, n, u0, W, phi, s, H, yb);
         } else {
           for (int64_t w = 0; w < wv; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
-          store_h(a, bf, y, n, u0, wv, phi, s, H);
+          store_h(a, bf, y, n, u0, wv, phi, s, H, yb);
         }
       };
       const auto passes = [&](auto full) {
