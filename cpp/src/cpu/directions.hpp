@@ -46,12 +46,14 @@ struct DirectionForward : DirectionInputs {
   int64_t y_ld = 0;
   void* c = nullptr;  // LSTM cell output [T, N, H] or null
   int64_t c_ld = 0;
-  // A bfloat16 LSTM inference on the vdpbf16ps path: the caller's bfloat16 state and cell
-  // outputs (y_ld and c_ld apart), which the steps write directly (y and c are then null):
-  // the next step's product reads its operand from y_bits as pairs, and the cell carried
-  // between steps stays float32 in the workspace.
+  // A bfloat16 LSTM on the vdpbf16ps path: the caller's bfloat16 state, cell and training
+  // state outputs (y_ld, c_ld and z_ld apart), which the steps write directly (y, c and z
+  // are then null). The cell carried between steps stays float32 in the workspace, and so
+  // does the state of a training forward (whose products split it); in inference the next
+  // step's product takes its pairs from y_bits.
   uint16_t* y_bits = nullptr;
   uint16_t* c_bits = nullptr;
+  uint16_t* z_bits = nullptr;
   void* z = nullptr;  // training state [T, N, ZG*H] or null
   int64_t z_ld = 0;
 };

@@ -674,7 +674,7 @@ struct Fused {  // S: the scalar type
     if (dot_panels(a)) {
       Pair* pairs = reinterpret_cast<Pair*>(blk + p.N * p.G * W);
       o.ld2 = (p.H + 1) / 2;
-      o.split = a.z != nullptr;
+      o.split = a.z || a.z_bits;
       o.pairs = pairs;
       const OperandKey key{bits ? static_cast<const void*>(bits) : A, &a, s, lda};
       void* held = pairs + 2 * p.N * o.ld2;
@@ -759,6 +759,8 @@ struct Fused {  // S: the scalar type
       store_bits(yb + n * a.y_ld + u0, h, wv);
     else
       std::memcpy(y + n * a.y_ld + u0, h, static_cast<size_t>(wv) * sizeof(S));
+    if (yb && a.z_bits && !a.mask)  // the float32 state of a training forward's next step
+      std::memcpy(bf.hm[(s + 1) & 1] + n * H + u0, h, static_cast<size_t>(wv) * sizeof(S));
     if (a.mask) {
       const S* m = static_cast<const S*>(a.mask) + n * a.mask_ld + u0;
       S* out = bf.hm[(s + 1) & 1] + n * H + u0;
@@ -1041,13 +1043,14 @@ struct Fused {  // S: the scalar type
     alignas(64) S phi[W];
     const Rows cprev = prev_cell(p, a, bf, s), c = cell(p, a, bf, s);
     // Outputs in bfloat16 (y_bits): the unmasked operand of a later step is the previous
-    // step's output rows as they are, the very pairs to_pairs would make of them.
+    // step's output rows as they are in inference, the very pairs to_pairs would make of
+    // them, and in training the float32 state that store_h keeps in hm (as a mask's h̃).
     const bool bits = a.y_bits != nullptr;
     const Operand op = [&] {
-      if (bits && s > 0 && !a.mask)
+      if (bits && s > 0 && !a.mask && !a.z_bits)
         return product_operand(p, a, nullptr, a.y_ld, s, blk,
                                a.y_bits + time_out(a, s - 1, p.T) * N * a.y_ld);
-      const Rows A = a.mask ? Rows{bf.hm[s & 1], H} : prev_state(p, a, bf, s);
+      const Rows A = a.mask || (bits && s > 0) ? Rows{bf.hm[s & 1], H} : prev_state(p, a, bf, s);
       return product_operand(p, a, A.data, A.ld, s, blk);
     }();
     // Named copies, not a structured binding: C++17 lambdas cannot capture those (Clang).
@@ -1057,6 +1060,7 @@ struct Fused {  // S: the scalar type
     S* const z = rows.z;
     uint16_t* const yb = bits ? a.y_bits + time_out(a, s, p.T) * N * a.y_ld : nullptr;
     uint16_t* const cb = a.c_bits ? a.c_bits + time_out(a, s, p.T) * N * a.c_ld : nullptr;
+    uint16_t* const zb = a.z_bits ? a.z_bits + time_out(a, s, p.T) * N * a.z_ld : nullptr;
     const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
     // A fused projection: the step's source rows, multiplied by W's panels after R's.
@@ -1104,6 +1108,8 @@ struct Fused {  // S: the scalar type
         if (z)
           for (int g = 0; g < G; ++g)
             std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
+        if (zb)
+          for (int g = 0; g < G; ++g) store_bits(zb + n * a.z_ld + g * H + u0, v + g * W, L);
       };
       // The cell, then its activation in the (spent) input gate's place. Full panels in
       // vectors: element loops into phi compiled to scalar stores that the next vector
