@@ -10,7 +10,7 @@ The exception is bfloat16 on the avx512bf16 and avx512amx variants (processors w
 BF16, and AMX): their forward multiplies in bfloat16 pairs (vdpbf16ps, and AMX tiles from 4
 batch rows on), so it is checked against the float32 op within a tolerance instead,
 and bit for bit on the avx512 variant. Likewise bfloat16 gradients on the avx512amx
-variant, whose GEMMs multiply split bfloat16 tiles."""
+variant, whose GEMMs multiply tiles of their operands rounded to bfloat16."""
 
 import ml_dtypes
 import numpy as np
@@ -221,7 +221,7 @@ def test_gradients_are_the_float32_gradients_rounded_once(dtype):
     """The gradient op on 16-bit arrays: the float32 gradient op on the widened arrays, each
     output rounded once."""
     if KERNELS == "avx512amx" and dtype == np.dtype(ml_dtypes.bfloat16):
-        pytest.skip("split-bfloat16 GEMMs: test_bfloat16_split_gradient_gemms; bits elsewhere")
+        pytest.skip("AMX gradient GEMMs: test_bfloat16_gradient_gemms_round_their_operands")
     rng = np.random.default_rng(3)
     for name in sorted(DESCRIPTORS):
         for a, b in gradients_both_ways(name, True, (6, 3, 5, 17), dtype, rng):
@@ -234,20 +234,27 @@ def test_gradients_are_the_float32_gradients_rounded_once(dtype):
 @pytest.mark.skipif(KERNELS != "avx512amx", reason="the avx512amx variant only")
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
-def test_bfloat16_split_gradient_gemms(name, bidirectional):
-    """bfloat16 gradients on AMX: the GEMMs of dX, dW and dR multiply AMX tiles of both
-    operands split into bfloat16 hi + lo (16 significant bits each, float32 sums). Against
-    the float32 gradient op on the same arrays: each output within half a bfloat16 ulp of
-    the float32 value plus at most 1e-5 of the output's largest value (measured 2.6e-6);
-    shapes with whole 32-blocks, ragged edges and (T·N = 4480) K in two chunks."""
+def test_bfloat16_gradient_gemms_round_their_operands(name, bidirectional):
+    """bfloat16 gradients on AMX: the GEMMs of dX, dW and dR multiply AMX tiles of their
+    operands rounded to bfloat16 (the gate gradients dX' and the state h̃; float32 sums),
+    and each backward step's product with R splits dX' into bfloat16 hi + lo. Against the
+    float32 gradient op on the same arrays, past half a bfloat16 ulp of each output: at most
+    5e-3 of the output's largest value (measured 3.3e-3), and 2e-2 at T = N = I = H = 1,
+    whose source gradient is a sum of 4 terms that cancel (measured 1.3e-2); and not the
+    float32 op rounded once. Shapes with whole 32-blocks, ragged edges and (T·N = 4480) K in
+    two chunks. Against the float64 reference: test_gradients_reference."""
     rng = np.random.default_rng(8)
     shapes = [(6, 3, 5, 17), (1, 1, 1, 1), (4, 16, 64, 32), (3, 17, 70, 33), (70, 64, 5, 17)]
+    rounded = 0.0
     for shape in shapes:
+        tol = 2e-2 if shape == (1, 1, 1, 1) else 5e-3
         for a, b in gradients_both_ways(name, bidirectional, shape, ml_dtypes.bfloat16, rng):
             assert a.dtype == ml_dtypes.bfloat16
             half_ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(b), 1e-38))) - 8)
             excess = np.maximum(0, np.abs(a.astype(np.float32) - b) - half_ulp)
-            assert excess.max() <= 1e-5 * np.abs(b).max(), (shape, excess.max())
+            assert excess.max() <= tol * np.abs(b).max(), (shape, excess.max())
+            rounded = max(rounded, excess.max() / max(np.abs(b).max(), 1e-30))
+    assert rounded > 1e-4
 
 
 def test_bfloat16_torch_tensors_and_strided_views():

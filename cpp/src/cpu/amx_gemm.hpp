@@ -1,11 +1,12 @@
-// The float32 products of bfloat16 storage's gradients on AMX-BF16 tiles (the GEMMs of dX,
-// dW and dR, and each backward step's product with R), each operand split into bfloat16
-// hi + lo (x = hi + lo to 16 significant bits): C = Ahi·Bhi + Alo·Bhi + Ahi·Blo with float32
-// sums (the lo·lo term, 2^-16 of the others, is dropped; a split whose lo parts are all zero,
-// as for the bfloat16 arrays themselves, is skipped). The result is within ~2^-16 relative of
-// the float32 GEMM, far below the bfloat16 rounding of the results. The packing passes are
-// memory-bound and the tiles stream from L2, so it is ~2× OpenBLAS's SGEMM with one exact
-// operand and about even with none. Compiled into the avx512amx variant only (included by
+// bfloat16 storage's gradient products on AMX-BF16 tiles (products of two bfloat16 are exact
+// in float32, the sums float32). The GEMMs of dX, dW and dR take their float32 operands
+// rounded to bfloat16 once (as oneDNN's bfloat16 layers keep the gates' gradients): a
+// bfloat16 array is exact, and for the gate gradients dX' and the state h̃ that costs
+// 2^-9 of each term, about 1e-3 relative of a sum of many (against the float64 reference,
+// 2.8-3.4e-3 at T=100 H=256 rather than 2.3-2.7e-3), at one tile product per pair of k
+// instead of two or three. Each backward step's product with R keeps dX' split into
+// bfloat16 hi + lo (x = hi + lo to 16 significant bits; two tile products): its error
+// would compound along the sequence. Compiled into the avx512amx variant only (included by
 // fused_kernels.hpp there), with the tile configuration that all the variant's tile code
 // shares.
 #pragma once
@@ -71,62 +72,61 @@ struct AmxGemm {
     lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, hf));
   }
 
+  // hi = bfloat16(x), or split(x) with lo.
+  static void convert(__m512 x, __m256i& hi, __m256i* lo) {
+    if (lo)
+      split(x, hi, *lo);
+    else
+      hi = (__m256i)_mm512_cvtneps_pbh(x);
+  }
+
   // Row-block i of A [M, K] (k contiguous, lda apart), k-blocks kb0 .. kb0 + KB - 1 of 32,
-  // into KB blocks of 16 × 32.
-  static bool pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t kb0,
+  // into KB blocks of 16 × 32 (lo null: rounded, hi only).
+  static void pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t kb0,
                           int64_t KB, uint16_t* hi, uint16_t* lo) {
-    __m512i any = _mm512_setzero_si512();
     for (int64_t kb = 0; kb < KB; ++kb) {
       uint16_t* th = hi + (i * KB + kb) * kTile;
-      uint16_t* tl = lo + (i * KB + kb) * kTile;
       const int64_t k0 = (kb0 + kb) * 32;
       for (int64_t r = 0; r < 16; ++r) {
         const int64_t m = i * 16 + r;
         __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
         if (m < M) {
           const float* row = A + m * lda + k0;
-          split(_mm512_maskz_loadu_ps(lanes(K - k0), row), h0, l0);
-          split(_mm512_maskz_loadu_ps(lanes(K - k0 - 16), row + 16), h1, l1);
+          convert(_mm512_maskz_loadu_ps(lanes(K - k0), row), h0, lo ? &l0 : nullptr);
+          convert(_mm512_maskz_loadu_ps(lanes(K - k0 - 16), row + 16), h1, lo ? &l1 : nullptr);
         }
         const __m512i h = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(h0), h1, 1);
-        const __m512i l = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(l0), l1, 1);
         _mm512_storeu_si512(th + r * 32, h);
-        _mm512_storeu_si512(tl + r * 32, l);
-        any = _mm512_or_si512(any, l);
+        if (lo)
+          _mm512_storeu_si512(lo + (i * KB + kb) * kTile + r * 32,
+                              _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(l0), l1, 1));
       }
     }
-    return _mm512_test_epi32_mask(any, any) != 0;
   }
 
   // Rows 2q and 2q+1 of X [K, n] (ld apart, columns c0 .. c0+15) as 16 pairs (32-bit lanes
-  // by column) of hi and of lo; rows past K are zero.
-  static void pairs_of_rows(const float* X, int64_t ld, int64_t K, int64_t n, int64_t c0, int64_t k,
-                            __m512i& hi, __m512i& lo) {
+  // by column), rounded to bfloat16; rows past K are zero.
+  static __m512i pairs_of_rows(const float* X, int64_t ld, int64_t K, int64_t n, int64_t c0,
+                               int64_t k) {
     const __mmask16 m = lanes(n - c0);
-    __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
-    if (k < K) split(_mm512_maskz_loadu_ps(m, X + k * ld + c0), h0, l0);
-    if (k + 1 < K) split(_mm512_maskz_loadu_ps(m, X + (k + 1) * ld + c0), h1, l1);
+    __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+    if (k < K) h0 = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, X + k * ld + c0));
+    if (k + 1 < K)
+      h1 = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, X + (k + 1) * ld + c0));
     // interleave: lane c = (row k, column c) | (row k + 1, column c) << 16
-    hi = _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
-    lo = _mm512_or_si512(widen16(l0), shl(widen16(l1), 16));
+    return _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
   }
 
   // Column-block j of B [K, n] (row-major, ldb apart), k-blocks kb0 .. kb0 + KB - 1, into KB
-  // blocks of 16 pairs × 16 (lo null: the hi parts only).
-  static bool pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t kb0,
-                     int64_t KB, uint16_t* hi, uint16_t* lo) {
-    __m512i any = _mm512_setzero_si512();
+  // blocks of 16 pairs × 16.
+  static void pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t kb0,
+                     int64_t KB, uint16_t* out) {
     for (int64_t kb = 0; kb < KB; ++kb) {
-      uint16_t* th = hi + (j * KB + kb) * kTile;
-      for (int64_t q = 0; q < 16; ++q) {
-        __m512i h, l;
-        pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q, h, l);
-        _mm512_storeu_si512(th + q * 32, h);
-        if (lo) _mm512_storeu_si512(lo + (j * KB + kb) * kTile + q * 32, l);
-        any = _mm512_or_si512(any, l);
-      }
+      uint16_t* t = out + (j * KB + kb) * kTile;
+      for (int64_t q = 0; q < 16; ++q)
+        _mm512_storeu_si512(t + q * 32,
+                            pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q));
     }
-    return _mm512_test_epi32_mask(any, any) != 0;
   }
 
   // r[i] lane j = r[j] lane i (16 × 16, 32-bit lanes).
@@ -157,30 +157,22 @@ struct AmxGemm {
 
   // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart), k-blocks kb0 .. kb0 + KB - 1:
   // the pairs of rows of X, transposed so that each of the block's 16 rows holds its pairs.
-  static bool pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t kb0,
-                          int64_t KB, uint16_t* hi, uint16_t* lo) {
-    __m512i any = _mm512_setzero_si512();
+  static void pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t kb0,
+                          int64_t KB, uint16_t* out) {
     for (int64_t kb = 0; kb < KB; ++kb) {
-      __m512i h[16], l[16];
+      __m512i h[16];
       for (int64_t q = 0; q < 16; ++q)
-        pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q, h[q], l[q]);
+        h[q] = pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q);
       transpose16(h);
-      transpose16(l);
-      uint16_t* th = hi + (i * KB + kb) * kTile;
-      uint16_t* tl = lo + (i * KB + kb) * kTile;
-      for (int r = 0; r < 16; ++r) {
-        _mm512_storeu_si512(th + r * 32, h[r]);
-        _mm512_storeu_si512(tl + r * 32, l[r]);
-        any = _mm512_or_si512(any, l[r]);
-      }
+      uint16_t* t = out + (i * KB + kb) * kTile;
+      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 32, h[r]);
     }
-    return _mm512_test_epi32_mask(any, any) != 0;
   }
 
   // Cp[32 × 32 block (bi, bj)] = (or += with accumulate) the products of the KB k-blocks
   // packed.
-  static void block(const uint16_t* A, const uint16_t* Alo, const uint16_t* B, const uint16_t* Blo,
-                    int64_t KB, int64_t bi, int64_t bj, bool accumulate, float* Cp, int64_t ldp) {
+  static void block(const uint16_t* A, const uint16_t* B, int64_t KB, int64_t bi, int64_t bj,
+                    bool accumulate, float* Cp, int64_t ldp) {
     float* c = Cp + bi * 32 * ldp + bj * 32;
     const int64_t sc = ldp * 4;
     if (!accumulate) {
@@ -206,26 +198,6 @@ struct AmxGemm {
       _tile_dpbf16ps(1, 4, 7);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
-      if (Alo) {
-        _tile_loadd(4, Alo + a0 + o, 64);
-        _tile_loadd(5, Alo + a1 + o, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      if (Blo) {
-        if (Alo) {
-          _tile_loadd(4, A + a0 + o, 64);
-          _tile_loadd(5, A + a1 + o, 64);
-        }
-        _tile_loadd(6, Blo + b0 + o, 64);
-        _tile_loadd(7, Blo + b1 + o, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
     }
     _tile_stored(0, c, sc);
     _tile_stored(1, c + 16, sc);
@@ -233,7 +205,8 @@ struct AmxGemm {
     _tile_stored(3, c + 16 * ldp + 16, sc);
   }
 
-  // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major.
+  // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major;
+  // both operands rounded to bfloat16.
   static void gemm(bool trans_a, int64_t M, int64_t n, int64_t K, const float* A, int64_t lda,
                    const float* B, int64_t ldb, float* C, int64_t ldc) {
     if (M == 0 || n == 0) return;
@@ -252,47 +225,40 @@ struct AmxGemm {
     std::unique_ptr<float[]> Cpad(direct ? nullptr : new float[static_cast<size_t>(MB * 16 * ldp)]);
     float* Cp = direct ? C : Cpad.get();
     // K in chunks, packed and multiplied in turn: the packed rows of the resident (smaller)
-    // operand stay in L2 (512 KiB with their lo parts) while the other operand's 32-wide
-    // blocks stream past them, claimed by the threads; and the packed copies take memory
-    // of a chunk, not of the whole operands.
+    // operand stay in L2 (256 KiB) while the other operand's 32-wide blocks stream past
+    // them, claimed by the threads; and the packed copies take memory of a chunk, not of
+    // the whole operands.
     const bool rows_resident = MB <= NB;
     const int64_t resident = rows_resident ? MB : NB, streamed = rows_resident ? NB : MB;
-    const int64_t tile_pair_bytes = 2 * kTile * 2;  // a tile of hi and its lo
-    const int64_t KC = std::max<int64_t>(
-        1, std::min<int64_t>(KB, (int64_t(512) << 10) / (resident * tile_pair_bytes)));
-    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(2 * MB * KC * kTile)]);
-    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB * KC * kTile)]);
+    const int64_t tile_bytes = kTile * 2;
+    const int64_t KC =
+        std::max<int64_t>(1, std::min<int64_t>(KB, (int64_t(256) << 10) / (resident * tile_bytes)));
+    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(MB * KC * kTile)]);
+    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(NB * KC * kTile)]);
     ThreadPool& pool = ThreadPool::instance();
     for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
       const int64_t kc = std::min(KB - kb0, KC);
-      uint16_t* Ahi = Ap.get();
-      uint16_t* Alo = Ahi + MB * kc * kTile;
-      uint16_t* Bhi = Bp.get();
-      uint16_t* Blo = Bhi + NB * kc * kTile;
-      std::atomic<bool> a_lo{false}, b_lo{false};
+      uint16_t* Ah = Ap.get();
+      uint16_t* Bh = Bp.get();
       pool.parallel_for(MB + NB, [&](int64_t t) {
-        bool lo;
         if (t < MB) {
           if (swap)
-            lo = pack_a_cols(B, ldb, Mc, K, t, kb0, kc, Ahi, Alo);
+            pack_a_cols(B, ldb, Mc, K, t, kb0, kc, Ah);
           else if (trans_a)
-            lo = pack_a_cols(A, lda, Mc, K, t, kb0, kc, Ahi, Alo);
+            pack_a_cols(A, lda, Mc, K, t, kb0, kc, Ah);
           else
-            lo = pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ahi, Alo);
-          if (lo) a_lo.store(true, std::memory_order_relaxed);
+            pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ah, nullptr);
+        } else if (swap) {
+          pack_b(A, lda, K, Nc, t - MB, kb0, kc, Bh);
         } else {
-          lo = swap ? pack_b(A, lda, K, Nc, t - MB, kb0, kc, Bhi, Blo)
-                    : pack_b(B, ldb, K, Nc, t - MB, kb0, kc, Bhi, Blo);
-          if (lo) b_lo.store(true, std::memory_order_relaxed);
+          pack_b(B, ldb, K, Nc, t - MB, kb0, kc, Bh);
         }
       });
-      const uint16_t* alo = a_lo.load() ? Alo : nullptr;
-      const uint16_t* blo = b_lo.load() ? Blo : nullptr;
       pool.parallel_for(streamed / 2, [&](int64_t st) {
         amx_configure(16);
         for (int64_t r = 0; r < resident / 2; ++r) {
           const int64_t bi = rows_resident ? r : st, bj = rows_resident ? st : r;
-          block(Ahi, alo, Bhi, blo, kc, bi, bj, kb0 > 0, Cp, ldp);
+          block(Ah, Bh, kc, bi, bj, kb0 > 0, Cp, ldp);
         }
       });
     }
@@ -400,10 +366,10 @@ struct AmxGemm {
   }
 
   // ---- the backward steps' product with R (bfloat16 storage: R exact in bfloat16) -------
-  // B [K, n] as tiles of its bfloat16 values (its hi parts; lo is zero for such a B).
+  // B [K, n] as tiles of its values, which are bfloat16 (R of bfloat16 storage): exact.
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
     const int64_t KB = (K + 31) / 32;
-    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, 0, KB, out, nullptr);
+    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, 0, KB, out);
   }
 
   // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two

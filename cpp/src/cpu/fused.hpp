@@ -48,10 +48,10 @@ struct FusedOps {
                      T* scratch);
   int pair_columns;
   // C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a), all row-major float32, on AMX
-  // tiles with both operands split into bfloat16 hi + lo (amx_gemm.hpp; null without AMX):
-  // the gradient GEMMs of bfloat16 storage.
-  void (*split_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
-                     const T* B, int64_t ldb, T* C, int64_t ldc);
+  // tiles with both operands rounded to bfloat16 (amx_gemm.hpp; null without AMX): the
+  // gradient GEMMs of bfloat16 storage.
+  void (*tile_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, T* C, int64_t ldc);
   // The backward steps' product for bfloat16 storage on AMX (null without): pack_tiles packs
   // B [K, n], whose values are bfloat16 (R of bfloat16 storage), into tiles_size(K, n)
   // elements; matmul_tiles is matmul on them with A split into bfloat16 hi + lo.

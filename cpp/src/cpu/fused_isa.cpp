@@ -33,7 +33,7 @@ FusedOps<T> ops() {
                 F::kHalfPanels};
 #if RNNCORE_FUSED_AMX
   if constexpr (std::is_same_v<T, float>) {  // bfloat16 storage's gradients (amx_gemm.hpp)
-    o.split_gemm = &AmxGemm::gemm;
+    o.tile_gemm = &AmxGemm::gemm;
     o.pack_tiles = &AmxGemm::pack_tiles;
     o.matmul_tiles = &AmxGemm::matmul_tiles;
     o.project_tiles = &AmxGemm::project;

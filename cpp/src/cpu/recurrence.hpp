@@ -75,15 +75,15 @@ void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_
 }
 
 // The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
-// storage, on AMX tiles with split operands where the CPU has them (FusedOps::split_gemm),
-// else parallel_gemm.
+// storage, on AMX tiles with the operands rounded to bfloat16 where the CPU has them
+// (FusedOps::tile_gemm), else parallel_gemm.
 template <class T>
 void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    const auto split = fused_kernels().f32.split_gemm;
-    if (p.storage == DType::BFloat16 && split)
-      return split(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
+    const auto tiles = fused_kernels().f32.tile_gemm;
+    if (p.storage == DType::BFloat16 && tiles)
+      return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
   }
   parallel_gemm<T>(trans_a, false, M, n, K, T(1), A, lda, B, ldb, T(0), C, ldc);
 }
