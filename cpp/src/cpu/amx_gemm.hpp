@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/aligned.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
@@ -43,6 +44,14 @@ inline void amx_configure(int rows) {
   for (int t = 0; t < 8; ++t) want.colsb[t] = 64, want.rows[t] = uint8_t(t < 6 ? rows : 16);
   _tile_storeconfig(&have);
   if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
+}
+
+// This thread's scratch of at least n elements (kept between calls; the tile code using it
+// does not nest).
+inline uint16_t* thread_scratch(int64_t n) {
+  thread_local LineVector<uint16_t> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
 }
 
 struct AmxGemm {
@@ -222,8 +231,8 @@ struct AmxGemm {
     // C itself takes the tiles when it is made of whole blocks; else a padded copy does.
     const bool direct = !swap && M % 32 == 0 && n % 32 == 0;
     const int64_t ldp = direct ? ldc : NB * 16;
-    std::unique_ptr<float[]> Cpad(direct ? nullptr : new float[static_cast<size_t>(MB * 16 * ldp)]);
-    float* Cp = direct ? C : Cpad.get();
+    LineVector<float> Cpad(direct ? 0 : static_cast<size_t>(MB * 16 * ldp));
+    float* Cp = direct ? C : Cpad.data();
     // K in chunks, packed and multiplied in turn: the packed rows of the resident (smaller)
     // operand stay in L2 (256 KiB) while the other operand's 32-wide blocks stream past
     // them, claimed by the threads; and the packed copies take memory of a chunk, not of
@@ -233,13 +242,13 @@ struct AmxGemm {
     const int64_t tile_bytes = kTile * 2;
     const int64_t KC =
         std::max<int64_t>(1, std::min<int64_t>(KB, (int64_t(256) << 10) / (resident * tile_bytes)));
-    std::unique_ptr<uint16_t[]> Ap(new uint16_t[static_cast<size_t>(MB * KC * kTile)]);
-    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(NB * KC * kTile)]);
+    LineVector<uint16_t> Ap(static_cast<size_t>(MB * KC * kTile));
+    LineVector<uint16_t> Bp(static_cast<size_t>(NB * KC * kTile));
     ThreadPool& pool = ThreadPool::instance();
     for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
       const int64_t kc = std::min(KB - kb0, KC);
-      uint16_t* Ah = Ap.get();
-      uint16_t* Bh = Bp.get();
+      uint16_t* Ah = Ap.data();
+      uint16_t* Bh = Bp.data();
       pool.parallel_for(MB + NB, [&](int64_t t) {
         if (t < MB) {
           if (swap)
@@ -309,15 +318,13 @@ struct AmxGemm {
                       const float* bias, float* C) {
     if (M <= 0 || n <= 0) return;
     const int64_t KB = (K + 31) / 32, NB2 = (n + 31) / 32;
-    std::unique_ptr<uint16_t[]> Bp(new uint16_t[static_cast<size_t>(2 * NB2 * KB * kTile)]);
+    LineVector<uint16_t> Bp(static_cast<size_t>(2 * NB2 * KB * kTile));
     std::vector<float> bias_pad(static_cast<size_t>(NB2 * 32), 0.0f);
     if (bias) std::copy(bias, bias + n, bias_pad.begin());
     ThreadPool& pool = ThreadPool::instance();
-    pool.parallel_for(2 * NB2, [&](int64_t j) { pack_bits(w, n, K, j, KB, true, Bp.get()); });
+    pool.parallel_for(2 * NB2, [&](int64_t j) { pack_bits(w, n, K, j, KB, true, Bp.data()); });
     pool.parallel_for((M + 31) / 32, [&](int64_t t) {
-      thread_local std::vector<uint16_t> buf;
-      buf.resize(static_cast<size_t>(2 * KB * kTile));
-      uint16_t* A = buf.data();
+      uint16_t* A = thread_scratch(2 * KB * kTile);
       pack_bits(x + t * 32 * K, M - t * 32, K, 0, KB, false, A);
       pack_bits(x + t * 32 * K, M - t * 32, K, 1, KB, false, A);
       alignas(64) float edge[32 * 32];
@@ -340,7 +347,7 @@ struct AmxGemm {
           _tile_zero(2);
           _tile_zero(3);
         }
-        const uint16_t* b0 = Bp.get() + 2 * bj * KB * kTile;
+        const uint16_t* b0 = Bp.data() + 2 * bj * KB * kTile;
         const uint16_t* b1 = b0 + KB * kTile;
         for (int64_t kb = 0; kb < KB; ++kb) {
           const int64_t o = kb * kTile;
@@ -380,9 +387,7 @@ struct AmxGemm {
                            bool accumulate) {
     if (M <= 0 || n <= 0) return;
     const int64_t KB = (K + 31) / 32, NB = (n + 15) / 16;
-    thread_local std::vector<uint16_t> buf;
-    buf.resize(static_cast<size_t>(2 * KB * kTile));
-    uint16_t* Ah = buf.data();
+    uint16_t* Ah = thread_scratch(2 * KB * kTile);
     uint16_t* Al = Ah + KB * kTile;
     alignas(64) float edge[4][16 * 16];  // column blocks narrower than 16
     for (int64_t m0 = 0; m0 < M; m0 += 16) {

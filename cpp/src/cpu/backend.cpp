@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/block_cache.hpp"
+#include "cpu/aligned.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/narrow.hpp"
 #include "cpu/recurrence.hpp"
@@ -144,8 +145,8 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   // float32 panels are faster (measured at N = 1: 8.6 against 7.1 ms, LSTM T=100 H=256).
   const auto& ops = fused_kernels().ops<T>();
   const bool tiles = p.storage == DType::BFloat16 && ops.matmul_tiles && N >= kProductRows;
-  std::vector<T> packed[2], packed_o[2];
-  const auto pack = [&](const T* B, int64_t K, std::vector<T>& out) {
+  LineVector<T> packed[2], packed_o[2];
+  const auto pack = [&](const T* B, int64_t K, LineVector<T>& out) {
     if (tiles) {  // (uint16_t tiles in a T buffer)
       out.resize(static_cast<size_t>((tiles_size(K, H) * 2 + sizeof(T) - 1) / sizeof(T)));
       ops.pack_tiles(B, K, H, reinterpret_cast<uint16_t*>(out.data()));

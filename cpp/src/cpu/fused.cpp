@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/aligned.hpp"
 #include "cpu/thread_pool.hpp"
 #include "rnncore/error.hpp"
 
@@ -147,7 +148,7 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     // A direction is one chain of small steps: the directions run side by side, each on
     // one thread, with nothing to wait for inside.
     pool.parallel_for(p.D, [&](int64_t d) {
-      std::vector<T> scratch(static_cast<size_t>(blk));
+      LineVector<T> scratch(static_cast<size_t>(blk));
       serial(d, scratch.data());
     });
     return;
