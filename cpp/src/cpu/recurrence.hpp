@@ -193,8 +193,10 @@ void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, con
         ops.matmul(A, lda, M, K, packed + b0 * K * w, columns, C + j0, ldc, accumulate);
     };
     // About 64k multiply-adds a chunk or more: below that a claim costs more than it saves.
+    // Tiles convert A at each call: without threads to share chunks (inside the backward's
+    // slices), one call for every column converts it once, not once per chunk.
     const int64_t chunks = std::min<int64_t>({panels, 8, std::max<int64_t>(1, (M * K * n) >> 16)});
-    if (chunks < 2) return part(0, 0, n);
+    if (chunks < 2 || (tiles && ThreadPool::instance().available() < 2)) return part(0, 0, n);
     ThreadPool::instance().parallel_for(chunks, [&](int64_t i) {
       const int64_t b0 = panels * i / chunks, b1 = panels * (i + 1) / chunks;
       const int64_t j0 = b0 * w, j1 = std::min(n, b1 * w);
