@@ -64,6 +64,9 @@ struct DirectionForward : DirectionInputs {
 struct DirectionBackward : DirectionInputs {
   const void* z = nullptr;  // training state [T, N, ZG*H]
   int64_t z_ld = 0;
+  // bfloat16 storage's LSTM: the training state as the caller gave it (z_ld apart), each row
+  // widened by the step that reads it (z is then null): no float32 copy of all of it.
+  const uint16_t* z_bits = nullptr;
   const void* h_fwd = nullptr;  // GRU forward state output [T, N, H]
   int64_t h_fwd_ld = 0;
   const void* c_fwd = nullptr;  // LSTM forward cell output [T, N, H]

@@ -2,6 +2,7 @@
 // BLAS path (RNNCORE_CPU_PATH=blas; the default forward is fused_kernels.hpp's). Per step
 // one recurrent product and one pass over the gates.
 #include "cpu/activations.hpp"
+#include "cpu/narrow.hpp"
 #include "cpu/recurrence.hpp"
 
 namespace rnncore::cpu {
@@ -83,12 +84,13 @@ void lstm_row_gradient(int64_t H, const T* __restrict dh, const T* __restrict gi
 template <class T>
 void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G4 = 4 * H;
-  Scratch<T> ws(N * H * 3 + 2 * G4 + 3 * H);
+  Scratch<T> ws(N * H * 3 + 3 * G4 + 3 * H);
   T* zeros = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
   T* g = ws.take(G4);   // activated gates of one row
   T* dg = ws.take(G4);  // their derivatives
+  T* zw = ws.take(G4);  // a row of bfloat16 training state, widened
   T* phi = ws.take(H);
   T* dphi = ws.take(H);
   T* tmp = ws.take(H);
@@ -101,7 +103,8 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
                   static_cast<size_t>(H) * sizeof(T));
   for (int64_t s = T_ - 1; s >= 0; --s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
-    const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
+    const T* z = a.z ? static_cast<const T*>(a.z) + tout * TS * a.z_ld : nullptr;
+    const uint16_t* zb = a.z_bits ? a.z_bits + tout * TS * a.z_ld : nullptr;
     const T* c = static_cast<const T*>(a.c_fwd) + tout * TS * a.c_fwd_ld;
     const Rows<const T> cp =
         previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS, a.flip_out, zeros, H);
@@ -111,7 +114,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
         a.dc_steps ? static_cast<const T*>(a.dc_steps) + tout * TS * a.dc_steps_ld : nullptr;
     T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
     for (int64_t n = 0; n < N; ++n) {
-      const T* zr = z + n * a.z_ld;
+      const T* zr = zb ? widen_bfloat16_row(zb + n * a.z_ld, G4, zw) : z + n * a.z_ld;
       for (int64_t k = 0; k < 4; ++k)
         activate_grad(p.gate_act[k], zr + k * H, g + k * H, dg + k * H, H);
       activate_grad(p.cell_act, c + n * a.c_fwd_ld, phi, dphi, H);

@@ -75,6 +75,12 @@ inline uint16_t float_to_bfloat16(float f) {
   return uint16_t((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 void widen_bfloat16(const uint16_t* src, float* dst, int64_t n);
+// out[i] = bits[i]'s value for i < n, in a loop the compiler vectorises; returns out.
+template <class T>
+const T* widen_bfloat16_row(const uint16_t* bits, int64_t n, T* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(bfloat16_to_float(bits[i]));
+  return out;
+}
 void narrow_bfloat16(const float* src, uint16_t* dst, int64_t n);
 
 // dst[i] = float(src[i]) for the IEEE binary16 values src.
