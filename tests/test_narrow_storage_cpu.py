@@ -220,8 +220,8 @@ def gradients_both_ways(name, bidirectional, shape, dtype, rng):
 def test_gradients_are_the_float32_gradients_rounded_once(dtype):
     """The gradient op on 16-bit arrays: the float32 gradient op on the widened arrays, each
     output rounded once."""
-    if KERNELS == "avx512amx" and dtype == np.dtype(ml_dtypes.bfloat16):
-        pytest.skip("AMX gradient GEMMs: test_bfloat16_gradient_gemms_round_their_operands")
+    if BFLOAT16_DOT and dtype == np.dtype(ml_dtypes.bfloat16):
+        pytest.skip("bfloat16 gradient GEMMs: test_bfloat16_gradient_gemms_round_their_operands")
     rng = np.random.default_rng(3)
     for name in sorted(DESCRIPTORS):
         for a, b in gradients_both_ways(name, True, (6, 3, 5, 17), dtype, rng):
@@ -231,13 +231,14 @@ def test_gradients_are_the_float32_gradients_rounded_once(dtype):
             )
 
 
-@pytest.mark.skipif(KERNELS != "avx512amx", reason="the avx512amx variant only")
+@pytest.mark.skipif(not BFLOAT16_DOT, reason="the AVX-512 BF16 variants only")
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("name", sorted(DESCRIPTORS))
 def test_bfloat16_gradient_gemms_round_their_operands(name, bidirectional):
-    """bfloat16 gradients on AMX: the GEMMs of dX, dW and dR multiply AMX tiles of their
-    operands rounded to bfloat16 (the gate gradients dX' and the state h̃; float32 sums),
-    and each backward step's product with R splits dX' into bfloat16 hi + lo. Against the
+    """bfloat16 gradients with AVX-512 BF16: the GEMMs of dX, dW and dR multiply their
+    operands rounded to bfloat16 (the gate gradients dX' and the state h̃; float32 sums), on
+    AMX tiles or by vdpbf16ps; on AMX each backward step's product with R splits dX' into
+    bfloat16 hi + lo (elsewhere it is the float32 product). Against the
     float32 gradient op on the same arrays, past half a bfloat16 ulp of each output: at most
     5e-3 of the output's largest value (measured 3.3e-3), and 2e-2 at T = N = I = H = 1,
     whose source gradient is a sum of 4 terms that cancel (measured 1.3e-2); and not the

@@ -140,7 +140,7 @@ TEST(Narrow, FloatsRoundToNearestEven) {
 // one operand exact in bfloat16.
 TEST(TileGemm, IsTheProductOfTheOperandsRoundedToBfloat16) {
   const auto gemm = rnncore::cpu::fused_kernels().f32.tile_gemm;
-  if (!gemm) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
+  if (!gemm) GTEST_SKIP() << "no AVX-512 BF16 kernels on this CPU";
   struct Case {
     bool trans_a;
     int64_t M, n, K;
@@ -226,7 +226,7 @@ TEST(ProjectTiles, MatchesTheFloat64ProductOfTheBfloat16Arrays) {
 
 TEST(TileGemm, InfinitiesStayInfiniteAndEmptySumsAreZero) {
   const auto gemm = rnncore::cpu::fused_kernels().f32.tile_gemm;
-  if (!gemm) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
+  if (!gemm) GTEST_SKIP() << "no AVX-512 BF16 kernels on this CPU";
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> A = {inf, 1.0f, 0.5f, 2.0f}, B = {1.0f, 3.0f, 1.0f, 3.0f}, C(4);
   gemm(false, 2, 2, 2, A.data(), 2, B.data(), 2, C.data(), 2);  // [[inf,1],[.5,2]]·[[1,3],[1,3]]
@@ -244,7 +244,7 @@ TEST(TileGemm, InfinitiesStayInfiniteAndEmptySumsAreZero) {
 // configuration, between two calls must not break the next (it raised SIGILL once).
 TEST(TileGemm, OtherTileUsersOnTheThreadChangeNothing) {
   const auto& ops = rnncore::cpu::fused_kernels().f32;
-  if (!ops.tile_gemm) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
+  if (!ops.matmul_tiles) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
   const int64_t M = 32, K = 96, n = 40;  // (whole 16-row blocks: the last rows configured are 16)
   std::mt19937 gen(9);
   std::normal_distribution<float> normal;

@@ -47,9 +47,9 @@ struct FusedOps {
                      int64_t n, int64_t q0, int64_t q1, const T* bias, T* C, int64_t ldc,
                      T* scratch);
   int pair_columns;
-  // C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a), all row-major float32, on AMX
-  // tiles with both operands rounded to bfloat16 (amx_gemm.hpp; null without AMX): the
-  // gradient GEMMs of bfloat16 storage.
+  // C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a), all row-major float32, with both
+  // operands rounded to bfloat16 (bf16_gemm.hpp: AMX tiles or vdpbf16ps; null without AVX-512
+  // BF16): the gradient GEMMs of bfloat16 storage.
   void (*tile_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
                     const T* B, int64_t ldb, T* C, int64_t ldc);
   // The backward steps' product for bfloat16 storage on AMX (null without): pack_tiles packs

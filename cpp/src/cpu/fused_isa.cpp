@@ -31,12 +31,15 @@ FusedOps<T> ops() {
                 nullptr,
                 nullptr,
                 F::kHalfPanels};
+#if RNNCORE_FUSED_DOT_BF16
+  if constexpr (std::is_same_v<T, float>)  // bfloat16 storage's gradients (bf16_gemm.hpp)
+    o.tile_gemm = &Bf16Gemm::gemm;
+#endif
 #if RNNCORE_FUSED_AMX
-  if constexpr (std::is_same_v<T, float>) {  // bfloat16 storage's gradients (amx_gemm.hpp)
-    o.tile_gemm = &AmxGemm::gemm;
-    o.pack_tiles = &AmxGemm::pack_tiles;
-    o.matmul_tiles = &AmxGemm::matmul_tiles;
-    o.project_tiles = &AmxGemm::project;
+  if constexpr (std::is_same_v<T, float>) {
+    o.pack_tiles = &Bf16Gemm::pack_tiles;
+    o.matmul_tiles = &Bf16Gemm::matmul_tiles;
+    o.project_tiles = &Bf16Gemm::project;
   }
 #endif
   return o;

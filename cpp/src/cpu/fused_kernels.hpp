@@ -46,8 +46,8 @@
 #else
 #define RNNCORE_FUSED_AMX 0
 #endif
-#if RNNCORE_FUSED_AMX
-#include "cpu/amx_gemm.hpp"  // the tile configuration, and the gradients' tile products
+#if RNNCORE_FUSED_DOT_BF16
+#include "cpu/bf16_gemm.hpp"  // the gradients' bfloat16 GEMMs (and AMX's tile configuration)
 #endif
 
 namespace rnncore::cpu {

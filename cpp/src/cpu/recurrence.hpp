@@ -75,8 +75,8 @@ void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_
 }
 
 // The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
-// storage, on AMX tiles with the operands rounded to bfloat16 where the CPU has them
-// (FusedOps::tile_gemm), else parallel_gemm.
+// storage, with the operands rounded to bfloat16 where the CPU multiplies bfloat16 (AMX tiles
+// or vdpbf16ps: FusedOps::tile_gemm), else parallel_gemm.
 template <class T>
 void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {

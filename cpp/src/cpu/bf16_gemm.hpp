@@ -1,14 +1,14 @@
-// bfloat16 storage's gradient products on AMX-BF16 tiles (products of two bfloat16 are exact
-// in float32, the sums float32). The GEMMs of dX, dW and dR take their float32 operands
-// rounded to bfloat16 once (as oneDNN's bfloat16 layers keep the gates' gradients): a
-// bfloat16 array is exact, and for the gate gradients dX' and the state h̃ that costs
-// 2^-9 of each term, about 1e-3 relative of a sum of many (against the float64 reference,
-// 2.8-3.4e-3 at T=100 H=256 rather than 2.3-2.7e-3), at one tile product per pair of k
-// instead of two or three. Each backward step's product with R keeps dX' split into
-// bfloat16 hi + lo (x = hi + lo to 16 significant bits; two tile products): its error
-// would compound along the sequence. Compiled into the avx512amx variant only (included by
-// fused_kernels.hpp there), with the tile configuration that all the variant's tile code
-// shares.
+// bfloat16 storage's gradient products, with products of two bfloat16 exact in float32 and
+// float32 sums: on AMX-BF16 tiles (the avx512amx variant) or by vdpbf16ps (the avx512bf16
+// variant; same packed operands, 32 × 32 blocks of C by registers). The GEMMs of dX, dW and
+// dR take their float32 operands rounded to bfloat16 once (as oneDNN's bfloat16 layers keep
+// the gates' gradients): a bfloat16 array is exact, and for the gate gradients dX' and the
+// state h̃ that costs 2^-9 of each term, about 1e-3 relative of a sum of many (against the
+// float64 reference, 2.8-3.4e-3 at T=100 H=256 rather than 2.3-2.7e-3), at one product per
+// pair of k instead of two or three. On AMX, each backward step's product with R keeps dX'
+// split into bfloat16 hi + lo (x = hi + lo to 16 significant bits; two tile products): its
+// error would compound along the sequence. Included by fused_kernels.hpp where the variant
+// has AVX-512 BF16.
 #pragma once
 
 #include <immintrin.h>
@@ -26,6 +26,7 @@
 namespace rnncore::cpu {
 namespace {
 
+#if RNNCORE_FUSED_AMX
 // Configures this thread's tiles: 0-5 (accumulators and left operands) of `rows` rows, 6-7
 // (right operands) of 16, all 64 bytes wide. Loading a configuration costs ~130 ns here (10-20
 // tile products) and reading the current one ~8 ns, so it is loaded only when the thread's
@@ -45,6 +46,7 @@ inline void amx_configure(int rows) {
   _tile_storeconfig(&have);
   if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
 }
+#endif
 
 // This thread's scratch of at least n elements (kept between calls; the tile code using it
 // does not nest).
@@ -54,7 +56,7 @@ inline uint16_t* thread_scratch(int64_t n) {
   return buf.data();
 }
 
-struct AmxGemm {
+struct Bf16Gemm {
   // Operands are packed by tiles of 1 KiB, contiguous: A by blocks of 16 rows × 32 k
   // (bfloat16, k fastest), B by blocks of 16 pairs of k × 16 columns (each column's pair
   // side by side, as the tile instruction reads it). Block (i, kb) of an operand with KB
@@ -178,6 +180,7 @@ struct AmxGemm {
     }
   }
 
+#if RNNCORE_FUSED_AMX
   // Cp[32 × 32 block (bi, bj)] = (or += with accumulate) the products of the KB k-blocks
   // packed.
   static void block(const uint16_t* A, const uint16_t* B, int64_t KB, int64_t bi, int64_t bj,
@@ -213,6 +216,49 @@ struct AmxGemm {
     _tile_stored(2, c + 16 * ldp, sc);
     _tile_stored(3, c + 16 * ldp + 16, sc);
   }
+
+#else
+  // The same block by vdpbf16ps: passes of 8 rows × both column blocks (16 accumulators),
+  // each pair of k of A broadcast against the 16 columns' pairs of B. Per element the sum
+  // runs over k in the same order whatever the threads.
+  static void block(const uint16_t* A, const uint16_t* B, int64_t KB, int64_t bi, int64_t bj,
+                    bool accumulate, float* Cp, int64_t ldp) {
+    constexpr int R = 8;
+    const uint16_t* B0 = B + 2 * bj * KB * kTile;
+    const uint16_t* B1 = B0 + KB * kTile;
+    for (int64_t half = 0; half < 2; ++half) {
+      const uint16_t* Ab = A + (2 * bi + half) * KB * kTile;
+      for (int r0 = 0; r0 < 16; r0 += R) {
+        float* c = Cp + (bi * 32 + half * 16 + r0) * ldp + bj * 32;
+        __m512 acc[R][2];
+        for (int r = 0; r < R; ++r) {
+          acc[r][0] = accumulate ? _mm512_loadu_ps(c + r * ldp) : _mm512_setzero_ps();
+          acc[r][1] = accumulate ? _mm512_loadu_ps(c + r * ldp + 16) : _mm512_setzero_ps();
+        }
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const uint16_t* a = Ab + kb * kTile + r0 * 32;
+          const uint16_t* b0 = B0 + kb * kTile;
+          const uint16_t* b1 = B1 + kb * kTile;
+          for (int q = 0; q < 16; ++q) {
+            const __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + q * 32);
+            const __m512bh x1 = (__m512bh)_mm512_loadu_si512(b1 + q * 32);
+            for (int r = 0; r < R; ++r) {
+              uint32_t pair;
+              std::memcpy(&pair, a + r * 32 + 2 * q, sizeof pair);
+              const __m512bh y = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+              acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
+              acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+            }
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          _mm512_storeu_ps(c + r * ldp, acc[r][0]);
+          _mm512_storeu_ps(c + r * ldp + 16, acc[r][1]);
+        }
+      }
+    }
+  }
+#endif
 
   // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major;
   // both operands rounded to bfloat16.
@@ -264,7 +310,9 @@ struct AmxGemm {
         }
       });
       pool.parallel_for(streamed / 2, [&](int64_t st) {
+#if RNNCORE_FUSED_AMX
         amx_configure(16);
+#endif
         for (int64_t r = 0; r < resident / 2; ++r) {
           const int64_t bi = rows_resident ? r : st, bj = rows_resident ? st : r;
           block(Ah, Bh, kc, bi, bj, kb0 > 0, Cp, ldp);
@@ -290,6 +338,7 @@ struct AmxGemm {
     }
   }
 
+#if RNNCORE_FUSED_AMX
   // ---- the input projection of bfloat16 storage: x' = x Wᵀ + bias ---------------------
   // Row-block i (16 rows, zeros past `rows`) of X [rows, K] of bfloat16 bits (K apart),
   // into KB tiles of 16 × 32 (k fastest); transposed as 32-bit lanes (pairs of k) they are
@@ -459,6 +508,7 @@ struct AmxGemm {
       }
     }
   }
+#endif
 };
 
 }  // namespace
