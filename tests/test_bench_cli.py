@@ -306,3 +306,37 @@ def test_a_crashed_worker_keeps_the_configurations_it_finished(tmp_path, monkeyp
         "The 1-thread run failed (exit code -4) after 1 configuration(s)"
         in (tmp_path / "r" / "results.md").read_text()
     )
+
+
+def test_full_runs_time_the_implementations_in_rounds_taking_turns(monkeypatch):
+    """A full run measures each implementation of a configuration and mode in 3 rounds,
+    taking turns (rnncore, then each peer, then rnncore again ...): its time is the median
+    of its rounds' medians and its minimum the least; calls slower than ROUND_CALL_S are
+    measured once; the prepared calls are not kept in the records."""
+    order, times = [], {"rnncore": [3.0, 1.0, 2.0], "torch": [0.4, 0.2, 0.3], "mlx": [9.0]}
+
+    def fake_measure(fn, timing, allowed, sync=lambda: None):
+        name = fn()
+        order.append(name)
+        t = times[name][sum(1 for n in order if n == name) - 1]
+        assert timing["min_time"] == pytest.approx(bench.TIMING["full"]["min_time"] / 3)
+        return {"median_s": t * 1e-3 if name != "mlx" else t, "min_s": t * 1e-3 / 2, "reps": 5,
+                "cpu_use": 2.0, "other_cpu": 0.0, "attempts": 1, "disturbed": False}  # fmt: skip
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    config = peers.BY_NAME["gru-T5-N2-H16"]
+    records = []
+    for name in ("rnncore", "torch", "mlx"):
+        prepared = peers.Prepared(run=lambda name=name: name, result=None)
+        r = {"config": config.name, "mode": "inference", "threads": 2, "impl": name}
+        r.update(fake_measure(prepared.run, bench.round_timing(bench.TIMING["full"]), 0.0))
+        r["_prepared"] = prepared
+        records.append(r)
+    bench.measure_rounds(records, config, "inference", bench.TIMING["full"], "cpu")
+    assert order == ["rnncore", "torch", "mlx", "rnncore", "torch", "rnncore", "torch"]
+    ours, peer, slow = records
+    assert ours["round_medians_s"] == [3e-3, 1e-3, 2e-3] and ours["median_s"] == 2e-3
+    assert peer["median_s"] == pytest.approx(3e-4) and peer["min_s"] == pytest.approx(1e-4)
+    assert ours["reps"] == 15 and "round_medians_s" not in slow and slow["median_s"] == 9.0
+    assert all("_prepared" not in r for r in records)
+    json.dumps(records)  # what the worker writes

@@ -7,7 +7,9 @@ implementation (rnncore on ``--device`` and each installed peer, rnncore.bench.p
 checked against a float64 reference on the same numbers (PyTorch's autograd on the CPU, or
 the numpy loop without torch) and timed only if it agrees: warm-up, then repetitions until
 both a minimum count and a minimum time are reached; the median and the minimum are kept.
-A GPU peer's device is synchronised before the clock stops.
+Full runs time the implementations of a configuration and mode in 3 rounds, taking turns
+(each time is the median of its rounds'), so that a shared machine's changes of speed fall
+on all of them alike. A GPU peer's device is synchronised before the clock stops.
 
 Without ``--threads`` everything runs in this process with each library's default thread
 count. ``--threads 1 2`` runs each count in its own process with RNNCORE_NUM_THREADS,
@@ -68,10 +70,30 @@ GPU_FLOAT32_TOLERANCE = 1e-3
 # Warm-up calls, then at least `min_reps` calls and `min_time` seconds; a disturbed
 # measurement is repeated up to `retries` times, after waiting up to `quiet_wait` seconds
 # for the other processes to calm down (--quick does not wait: it must stay short).
+# An implementation's time is the median of `rounds` measurements of min_time / rounds
+# seconds each, the implementations of a configuration and mode taking turns (calls of up to
+# ROUND_CALL_S; slower ones are measured once): a shared machine's speed moves within
+# seconds (the same call measured 1.7x slower for a while), and taking turns puts each
+# implementation in the same moments rather than rnncore in one and a peer in the next.
 TIMING = {
-    "full": {"warmup": 2, "min_reps": 5, "min_time": 0.5, "retries": 3, "quiet_wait": 60.0},
-    "quick": {"warmup": 1, "min_reps": 5, "min_time": 0.15, "retries": 1, "quiet_wait": 0.0},
+    "full": {
+        "warmup": 2,
+        "min_reps": 5,
+        "min_time": 0.5,
+        "retries": 3,
+        "quiet_wait": 60.0,
+        "rounds": 3,
+    },
+    "quick": {
+        "warmup": 1,
+        "min_reps": 5,
+        "min_time": 0.15,
+        "retries": 1,
+        "quiet_wait": 0.0,
+        "rounds": 1,
+    },
 }
+ROUND_CALL_S = 0.5
 # Other processes keeping more than this many cores busy disturb a measurement (on top of
 # the cores a measurement leaves free: a 1-thread run on 2 cores tolerates one more).
 DISTURBED = 0.3
@@ -349,12 +371,48 @@ def run_one(impl, problem, mode, threads, expected, timing, device):
     if not passed:
         note = f"disagrees with the reference: {field} relative error {max_err:.2e} > {tol:.0e}"
         return {**record, "status": "FAILED-CHECK", "note": note}
-    record.update(measure(prepared.run, timing, allowed_other_cpu(threads), prepared.sync))
+    record.update(measure(prepared.run, round_timing(timing), allowed_other_cpu(threads),
+                          prepared.sync))  # fmt: skip
     record["status"] = "ok"
     record["gflops"] = round(config.flops(mode) / record["median_s"] / 1e9, 2)
     if impl.name == "rnncore" and device in ("metal", "metal-emulated"):
         record.update(cost.model_record(config, mode, device))
+    # (for the further rounds: measure_rounds; dropped before the record is written)
+    record["_prepared"] = prepared
     return record
+
+
+def round_timing(timing):
+    """The timing of one round: min_time shared among the rounds."""
+    return {**timing, "min_time": timing["min_time"] / timing.get("rounds", 1)}
+
+
+def measure_rounds(records, config, mode, timing, device):
+    """Rounds 2.. of the timed records of one configuration and mode (run_one measured the
+    first), the implementations taking turns; each record's times become the median of its
+    rounds' medians (and the least of their minimums)."""
+    timed = [r for r in records if r.get("_prepared") and r["median_s"] <= ROUND_CALL_S]
+    for _ in range(timing.get("rounds", 1) - 1):
+        for r in timed:
+            p = r["_prepared"]
+            m = measure(p.run, round_timing(timing), allowed_other_cpu(r["threads"]), p.sync)
+            r.setdefault("rounds", [dict((k, r[k]) for k in m if k in r)]).append(m)
+    for r in records:
+        r.pop("_prepared", None)
+        rounds = r.get("rounds")
+        if not rounds:
+            continue
+        r["round_medians_s"] = [m["median_s"] for m in rounds]
+        r["median_s"] = float(np.median(r["round_medians_s"]))
+        r["min_s"] = min(m["min_s"] for m in rounds)
+        r["reps"] = sum(m["reps"] for m in rounds)
+        r["cpu_use"] = round(float(np.mean([m["cpu_use"] for m in rounds])), 2)
+        others = [m["other_cpu"] for m in rounds if m.get("other_cpu") is not None]
+        r["other_cpu"] = max(others) if others else None
+        r["attempts"] = sum(m.get("attempts", 1) for m in rounds)
+        r["disturbed"] = any(m.get("disturbed") for m in rounds)
+        r["gflops"] = round(config.flops(mode) / r["median_s"] / 1e9, 2)
+        del r["rounds"]
 
 
 def configs_of(args, device):
@@ -459,15 +517,17 @@ def worker(args, device, threads):
         for mode in args.modes:
             expected = ref if mode == "training" else {"y": ref["y"]}
             own = run_one(ours, problem, mode, count, expected, timing, device)
-            records.append(own)
+            in_mode = [own]
             for impl in peers:
                 if own["status"] == "n/a":  # what rnncore's device cannot compute: no ratio
-                    records.append({**own, "impl": impl.name, "where": impl.label})
+                    in_mode.append({**own, "impl": impl.name, "where": impl.label})
                     continue
-                records.append(run_one(impl, problem, mode, count, expected, timing, device))
+                in_mode.append(run_one(impl, problem, mode, count, expected, timing, device))
                 if bar is not None:
                     bar.update()
                 gc.collect()
+            measure_rounds(in_mode, config, mode, timing, device)
+            records += in_mode
         report.add_ratios(records)
         text = report.config_table(config.describe(), records, len(args.threads or ()) > 1)
         (bar.write if bar is not None else print)(text)
