@@ -74,6 +74,19 @@ std::optional<TensorView> view(const char* op, const char* name, const OptArray&
   return view(op, name, *a);
 }
 
+// numpy's dtype of ml_dtypes.bfloat16, looked up once (kept for the process). Until
+// ml_dtypes is loaded no array can have it: without `load`, None until then.
+nb::handle bfloat16_dtype(bool load) {
+  static nb::handle dtype;
+  if (!dtype.is_valid()) {
+    if (!load && !PyDict_GetItemString(PyImport_GetModuleDict(), "ml_dtypes")) return nb::none();
+    dtype = nb::module_::import_("numpy")
+                .attr("dtype")(nb::module_::import_("ml_dtypes").attr("bfloat16"))
+                .release();
+  }
+  return dtype;
+}
+
 nb::object to_numpy(const Tensor& t) {
   auto* keep = new std::shared_ptr<void>(t.storage());
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
@@ -87,7 +100,7 @@ nb::object to_numpy(const Tensor& t) {
   nb::ndarray<nb::numpy> arr(const_cast<void*>(t.data()), shape.size(), shape.data(), owner,
                              nullptr, dt);
   nb::object out = nb::cast(arr, nb::rv_policy::reference);
-  if (bf16) out = out.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
+  if (bf16) out = out.attr("view")(bfloat16_dtype(true));
   return out;
 }
 
@@ -134,6 +147,12 @@ bool is_descriptor(nb::handle h) {
   throw TypeError(where + " is a " + what + " that could not be read as a C-contiguous CPU array");
 }
 
+// Whether h is a numpy.ndarray (or a subclass).
+bool is_numpy_array(nb::handle h) {
+  static nb::handle ndarray = nb::object(nb::module_::import_("numpy").attr("ndarray")).release();
+  return PyObject_IsInstance(h.ptr(), ndarray.ptr()) == 1;
+}
+
 // Reads argument `name` of `op`: an array, or nothing for None. A required argument that
 // is None gets `hint` after the message.
 OptArray array_arg(const char* op, const char* name, nb::handle h, bool required,
@@ -143,15 +162,15 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
     if (!required) return std::nullopt;
     throw TypeError(where + " is required" + (hint ? std::string(": ") + hint : std::string()));
   }
-  Array a;
-  if (nb::try_cast<Array>(h, a, true)) return a;
   // A numpy array of ml_dtypes.bfloat16 exports neither a buffer nor DLPack: read its bits
-  // (as uint16) in place and tag them bfloat16; the view keeps the array alive.
-  if (nb::hasattr(h, "dtype") && nb::hasattr(h, "view") && nb::hasattr(h, "__array_interface__") &&
-      text(h.attr("dtype")) == "bfloat16") {
+  // (as uint16) in place and tag them bfloat16; the view keeps the array alive. Checked
+  // first, by the dtype object: the caster's failed exports cost microseconds an array.
+  if (nb::handle bf = bfloat16_dtype(false);
+      !bf.is_none() && is_numpy_array(h) && h.attr("dtype").equal(bf)) {
     // C order first (a strided view is copied, as the caster copies other arrays).
-    nb::object bits =
-        nb::module_::import_("numpy").attr("ascontiguousarray")(h.attr("view")("uint16"));
+    nb::object bits = h.attr("view")("uint16");
+    if (!truth(bits.attr("flags").attr("c_contiguous")))
+      bits = nb::module_::import_("numpy").attr("ascontiguousarray")(bits);
     nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu, uint16_t> u;
     if (nb::try_cast(bits, u, false)) {
       std::vector<size_t> shape(u.ndim());
@@ -159,6 +178,8 @@ OptArray array_arg(const char* op, const char* name, nb::handle h, bool required
       return Array(u.data(), u.ndim(), shape.data(), bits, nullptr, kBFloat16);
     }
   }
+  Array a;
+  if (nb::try_cast<Array>(h, a, true)) return a;
   refuse_array(where, h);
 }
 
