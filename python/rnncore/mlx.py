@@ -11,9 +11,9 @@ MLX's optimizers work without a second forward.
     loss_and_grad = mlx.nn.value_and_grad(layer, lambda x: layer(x).sum())
 
 Arrays are float32, or float16 or bfloat16 (storage types: float32 arithmetic; bfloat16
-on the CPU only) — rnncore's CPU backend computes them; on an Apple GPU build, pass
-``rnncore_device="metal"``. Under ``mx.compile`` the layer refuses with a clear error:
-rnncore runs outside MLX's graph, on evaluated arrays.
+on Metal from macOS 14, as for the operations) — rnncore's CPU backend computes them; on
+an Apple GPU build, pass ``rnncore_device="metal"``. Under ``mx.compile`` the layer
+refuses with a clear error: rnncore runs outside MLX's graph, on evaluated arrays.
 """
 
 from __future__ import annotations

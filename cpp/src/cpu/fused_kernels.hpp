@@ -601,6 +601,8 @@ struct Fused {  // S: the scalar type
     const int64_t nb = (p.H + W - 1) / W;
     return workspace_base(p) + (p.fused_projection ? nb * p.I * p.G * W : 0);
   }
+  // Panels whose products an LSTM step of one row computes before their epilogues.
+  static constexpr int64_t kBatch = 16;
   // Scratch of one participant: the products of one panel for every row.
   // On the vdpbf16ps path also h̃'s bfloat16 pairs.
   static int64_t block_base(const Problem& p) {
@@ -1069,8 +1071,99 @@ struct Fused {  // S: the scalar type
     const S* const src = fused && !pairs ? static_cast<const S*>(a.x) + tin * N * a.x_ld : nullptr;
     S* const xblk = blk + block_base(p);  // (pairs only)
     const S* const bias = static_cast<const S*>(a.bias);
-    for (int64_t b = b0; b < b1; ++b) {
+    // Where the passes find panel b's product: blk, or (batched) its place in rows_of.
+    S* vb = blk;
+    // In passes over the rows, so that each activation runs once over all of them (a call
+    // per row and gate is a short chain that nothing overlaps). Full panels (all of them
+    // when W divides H) get loops of a constant length.
+    auto gates = [&](auto full, int64_t n, int64_t b) {
       const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      const int64_t L = decltype(full)::value ? int64_t(W) : wv;
+      S* v = vb + n * G * W;
+      const S* cp = cprev.data + n * cprev.ld + u0;
+      if (fused) {
+        if (pairs)
+          for (int g = 0; g < G; ++g)
+            for (int64_t w = 0; w < L; ++w) v[g * W + w] += xblk[n * G * W + g * W + w];
+        if (bias)
+          for (int g = 0; g < G; ++g)
+            for (int64_t w = 0; w < L; ++w) v[g * W + w] += bias[g * H + u0 + w];
+      } else {
+        const S* xr = x + n * a.xp_ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, G);
+        for (int g = 0; g < G; ++g)
+          for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
+      }
+      if (P)
+        for (int g = 0; g < G; ++g)
+          for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
+      if (z)
+        for (int g = 0; g < G; ++g)
+          std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
+      if (zb)
+        for (int g = 0; g < G; ++g) store_bits(zb + n * a.z_ld + g * H + u0, v + g * W, L);
+    };
+    // The cell, then its activation in the (spent) input gate's place. Full panels in
+    // vectors: element loops into phi compiled to scalar stores that the next vector
+    // load of phi waited on (a failed store forward; a third of the LSTM's epilogue).
+    auto cells = [&](auto full, int64_t n, int64_t b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      S* v = vb + n * G * W;
+      const S* cp = cprev.data + n * cprev.ld + u0;
+      S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
+      if constexpr (decltype(full)::value) {
+        const vec cn = load(v + of * W) * load(cp) + load(v + oi * W) * load(v + oz * W);
+        store(cr, cn);
+        store(v + oi * W, cn);
+      } else {
+        for (int64_t w = 0; w < wv; ++w) {
+          cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
+          phi[w] = cr[w];
+        }
+        for (int64_t w = wv; w < W; ++w) phi[w] = S(0);
+        std::memcpy(v + oi * W, phi, sizeof phi);
+      }
+      if (cb) store_bits(cb + n * a.c_ld + u0, cr, wv);
+    };
+    auto outputs = [&](auto full, int64_t n, int64_t b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      const S* v = vb + n * G * W;
+      if constexpr (decltype(full)::value) {
+        store(phi, load(v + oi * W) * load(v + oo * W));
+        store_h(a, bf, y, n, u0, W, phi, s, H, yb);
+      } else {
+        for (int64_t w = 0; w < wv; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
+        store_h(a, bf, y, n, u0, wv, phi, s, H, yb);
+      }
+    };
+    if (N == 1 && !fused && H % W == 0) {
+      // One row: each panel's epilogue alone is a chain of dependent activations that the
+      // next panel's product (hundreds of instructions) hides from the core. The products
+      // of up to kBatch panels first, then their epilogues as rows of one pass.
+      alignas(64) S rows_of[kBatch * G * W];
+      const std::true_type full;
+      for (int64_t bg = b0; bg < b1; bg += kBatch) {
+        const int64_t be = std::min(b1, bg + kBatch);
+        for (int64_t b = bg; b < be; ++b)
+          panel_product<G>(p, a, bf, b * G, op, 1, rows_of + (b - bg) * G * W);
+        for (int64_t b = bg; b < be; ++b) {
+          vb = rows_of + (b - bg) * G * W;
+          gates(full, 0, b);
+        }
+        act_gates4(p.gate_act, rows_of, be - bg);
+        for (int64_t b = bg; b < be; ++b) {
+          vb = rows_of + (b - bg) * G * W;
+          cells(full, 0, b);
+        }
+        act_rows(p.cell_act, rows_of + oi * W, be - bg, G * W);
+        for (int64_t b = bg; b < be; ++b) {
+          vb = rows_of + (b - bg) * G * W;
+          outputs(full, 0, b);
+        }
+      }
+      return;
+    }
+    for (int64_t b = b0; b < b1; ++b) {
       panel_product<G>(p, a, bf, b * G, op, N, blk);
       if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
 #if RNNCORE_FUSED_DOT_BF16
@@ -1082,74 +1175,14 @@ struct Fused {  // S: the scalar type
                                           b * p.I * G * W),
             xblk);
 #endif
-      // In passes over the rows, so that each activation runs once over all of them (a
-      // call per row and gate is a short chain that nothing overlaps). Full panels (all of
-      // them when W divides H) get loops of a constant length.
-      auto gates = [&](auto full, int64_t n) {
-        const int64_t L = decltype(full)::value ? int64_t(W) : wv;
-        S* v = blk + n * G * W;
-        const S* cp = cprev.data + n * cprev.ld + u0;
-        if (fused) {
-          if (pairs)
-            for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < L; ++w) v[g * W + w] += xblk[n * G * W + g * W + w];
-          if (bias)
-            for (int g = 0; g < G; ++g)
-              for (int64_t w = 0; w < L; ++w) v[g * W + w] += bias[g * H + u0 + w];
-        } else {
-          const S* xr = x + n * a.xp_ld + u0;
-          prefetch_next_x(xn, a, n, H, u0, 0, G);
-          for (int g = 0; g < G; ++g)
-            for (int64_t w = 0; w < L; ++w) v[g * W + w] += xr[g * H + w];
-        }
-        if (P)
-          for (int g = 0; g < G; ++g)
-            for (int64_t w = 0; w < L; ++w) v[g * W + w] += P[g * H + u0 + w] * cp[w];
-        if (z)
-          for (int g = 0; g < G; ++g)
-            std::memcpy(z + n * a.z_ld + g * H + u0, v + g * W, static_cast<size_t>(L) * sizeof(S));
-        if (zb)
-          for (int g = 0; g < G; ++g) store_bits(zb + n * a.z_ld + g * H + u0, v + g * W, L);
-      };
-      // The cell, then its activation in the (spent) input gate's place. Full panels in
-      // vectors: element loops into phi compiled to scalar stores that the next vector
-      // load of phi waited on (a failed store forward; a third of the LSTM's epilogue).
-      auto cells = [&](auto full, int64_t n) {
-        S* v = blk + n * G * W;
-        const S* cp = cprev.data + n * cprev.ld + u0;
-        S* cr = const_cast<S*>(c.data) + n * c.ld + u0;
-        if constexpr (decltype(full)::value) {
-          const vec cn = load(v + of * W) * load(cp) + load(v + oi * W) * load(v + oz * W);
-          store(cr, cn);
-          store(v + oi * W, cn);
-        } else {
-          for (int64_t w = 0; w < wv; ++w) {
-            cr[w] = v[of * W + w] * cp[w] + v[oi * W + w] * v[oz * W + w];
-            phi[w] = cr[w];
-          }
-          for (int64_t w = wv; w < W; ++w) phi[w] = S(0);
-          std::memcpy(v + oi * W, phi, sizeof phi);
-        }
-        if (cb) store_bits(cb + n * a.c_ld + u0, cr, wv);
-      };
-      auto outputs = [&](auto full, int64_t n) {
-        const S* v = blk + n * G * W;
-        if constexpr (decltype(full)::value) {
-          store(phi, load(v + oi * W) * load(v + oo * W));
-          store_h(a, bf, y, n, u0, W, phi, s, H, yb);
-        } else {
-          for (int64_t w = 0; w < wv; ++w) phi[w] = v[oi * W + w] * v[oo * W + w];
-          store_h(a, bf, y, n, u0, wv, phi, s, H, yb);
-        }
-      };
       const auto passes = [&](auto full) {
-        for (int64_t n = 0; n < N; ++n) gates(full, n);
+        for (int64_t n = 0; n < N; ++n) gates(full, n, b);
         act_gates4(p.gate_act, blk, N);
-        for (int64_t n = 0; n < N; ++n) cells(full, n);
+        for (int64_t n = 0; n < N; ++n) cells(full, n, b);
         act_rows(p.cell_act, blk + oi * W, N, G * W);
-        for (int64_t n = 0; n < N; ++n) outputs(full, n);
+        for (int64_t n = 0; n < N; ++n) outputs(full, n, b);
       };
-      if (wv == W)
+      if (H - b * W >= W)
         passes(std::true_type{});
       else
         passes(std::false_type{});
