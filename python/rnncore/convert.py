@@ -112,8 +112,12 @@ def weights_from_torch(kind: str, directions: Sequence[Mapping]) -> dict:
     (TORCH_PARAMETERS as keys; without biases, no bias is returned). Contiguous arrays
     in the parameters' dtype."""
     p = [{k: _numpy(v) for k, v in d.items()} for d in directions]
+    # One direction's arrays are used as they are (no copy a call: a layer called a step
+    # at a time spent more on copying W than on its step).
     weights = {
-        "input_weight": np.concatenate([d["weight_ih"] for d in p]),
+        "input_weight": np.concatenate([d["weight_ih"] for d in p])
+        if len(p) == 2
+        else p[0]["weight_ih"],
         "recurrent_weight": np.stack([d["weight_hh"] for d in p])
         if len(p) == 2
         else p[0]["weight_hh"],

@@ -324,9 +324,26 @@ bool fuse_projection(const Problem& p) {
          p.I > 0 && p.N >= 2 * kProductRows && panels <= 16.0 * (1 << 20) && !blas_path_forced();
 }
 
-void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16 = {}) {
+// Batch 1, a few steps and an R that stays in L2 (float32 or float64 storage): each step's
+// product with R is a matrix-vector product that the BLAS streams from R as stored, where
+// the fused kernels first pack R (more work than the steps) and wake the pool's threads.
+// N=1 H=256, called back to back / 200 us apart: LSTM T=1 38 / 41 us against 60 / 94
+// (fused), T=4 120 / 123 against 204-214; GRU T=1 37 / 32 against 48 / 82. An R of 16 MiB
+// (LSTM, H = 1024) that one thread streams from memory every step is the slower (T=4: 18.6
+// against 4.1 ms).
+// float16 and bfloat16 storage (off vdpbf16ps) take the same path on their widened arrays,
+// so that they remain the float32 operation rounded once.
+constexpr int64_t kPerStepBlasSteps = 4, kPerStepBlasBytes = int64_t(1) << 20;
+bool per_step_blas(const Problem& p) {
+  const int64_t r_bytes = p.G * p.H * p.H * dtype_size(p.dtype);
+  return p.N == 1 && p.T <= kPerStepBlasSteps && r_bytes <= kPerStepBlasBytes;
+}
+
+// fused: the fused kernels, else each step by BLAS calls (run_all).
+void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16,
+                bool fused) {
   Problem p = problem;
-  p.fused_projection = r16.x_bits || (fuse_projection(p) && !r16.projected);
+  p.fused_projection = fused && (r16.x_bits || (fuse_projection(p) && !r16.projected));
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
   const void* xp = in.source;
   Tensor xbuf;
@@ -369,10 +386,14 @@ void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR
     a.z = off(in.z_state, d * p.ZG * H);
     a.z_ld = D * p.ZG * H;
   }
-  if (!blas_path_forced())
+  if (fused)
     fused_forward(p, dirs);
   else
     run_all(p, dirs);
+}
+
+void forward_op(const Problem& p, const detail::ForwardArrays& in) {
+  forward_op(p, in, NarrowR{}, !blas_path_forced() && !per_step_blas(p));
 }
 
 // BPTT per direction into dX', then the input-side gradients from dX'.
@@ -553,7 +574,9 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   const Sizes n(p);
   Widened w(p.dtype);
   const FusedOps<float>& k = fused_kernels().f32;
-  const bool fused = !blas_path_forced();
+  // bfloat16 on vdpbf16ps multiplies pairs, its own arithmetic: the fused kernels always.
+  const bool dot = p.dtype == DType::BFloat16 && k.gemm_pairs;
+  const bool fused = !blas_path_forced() && (dot || !per_step_blas(q));
   // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
   // (fuse_projection; the source's rows as pairs: an even I).
   const bool fused_pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && k.narrow_panels &&
@@ -581,7 +604,7 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
     r16.c_bits = static_cast<uint16_t*>(a.cell);
     r16.z_bits = static_cast<uint16_t*>(a.z_state);
   }
-  forward_op(q, f, r16);
+  forward_op(q, f, r16, fused);
   w.finish();
 }
 
