@@ -340,8 +340,7 @@ bool per_step_blas(const Problem& p) {
 }
 
 // fused: the fused kernels, else each step by BLAS calls (run_all).
-void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16,
-                bool fused) {
+void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16, bool fused) {
   Problem p = problem;
   p.fused_projection = fused && (r16.x_bits || (fuse_projection(p) && !r16.projected));
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
