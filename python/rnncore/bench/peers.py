@@ -75,6 +75,9 @@ CONFIGS = [
     Config("lstm", 100, 32, 256),
     Config("gru", 50, 128, 1024),
     Config("gru", 1000, 1, 64),
+    # One step at batch 1: a decoder calling its layer a step at a time.
+    Config("gru", 1, 1, 256),
+    Config("lstm", 1, 1, 256),
     Config("gru", 100, 32, 256, bidirectional=True),
     Config("lstm", 100, 32, 256, bidirectional=True),
     Config("gru", 100, 32, 256, dtype="float64"),
