@@ -18,7 +18,6 @@
 #include "cpu/aligned.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/narrow.hpp"
-#include "cpu/pack_cache.hpp"
 #include "cpu/recurrence.hpp"
 #include "cpu/thread_pool.hpp"
 
@@ -549,35 +548,11 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
       std::memcpy(padded.data() + r * K2 * 2, x + r * K, static_cast<size_t>(K) * 2);
     x = padded.data();
   }
-  // W's pairs from the pack cache when the same W comes again (cpu/pack_cache.hpp).
   // (pack_pairs_rows writes every element, padding included: no zero-fill pass first)
+  std::unique_ptr<uint16_t[]> packed(new uint16_t[static_cast<size_t>(nq * K2 * 2 * GW)]);
   ThreadPool& pool = ThreadPool::instance();
   const uint16_t* Wb = static_cast<const uint16_t*>(a.input_weight);
-  const int64_t packed_bytes = nq * K2 * 2 * GW * int64_t(sizeof(uint16_t));
-  PackKey key;
-  key.source = Wb;
-  key.bytes = n * K * int64_t(sizeof(uint16_t));
-  key.layout[0] = n;
-  key.layout[1] = K;
-  key.layout[2] = GW;
-  key.layout[3] = -1;  // (R's panels have their kind here)
-  std::shared_ptr<const PackedWeights> cached = pack_cache_find(key);
-  std::shared_ptr<PackedWeights> fresh;
-  std::unique_ptr<uint16_t[]> own;
-  uint16_t* pk = nullptr;
-  if (cached) {
-    pk = reinterpret_cast<uint16_t*>(const_cast<unsigned char*>(cached->packed.data()));
-  } else {
-    if (pack_cache_accepts(key.bytes)) {
-      fresh = pack_cache_entry(key, packed_bytes);
-      pk = reinterpret_cast<uint16_t*>(fresh->packed.data());
-    } else {
-      own.reset(new uint16_t[static_cast<size_t>(packed_bytes / 2)]);
-      pk = own.get();
-    }
-    pool.parallel_for(nq, [&](int64_t q) { k.pack_pairs_rows(Wb, n, K, pk, q, q + 1); });
-  }
-  const uint16_t* packed_w = pk;
+  pool.parallel_for(nq, [&](int64_t q) { k.pack_pairs_rows(Wb, n, K, packed.get(), q, q + 1); });
   // Tiles of 48 rows and 4 groups (256 columns): a tile's rows stay in L1 across its groups.
   constexpr int64_t RB = 48, CB = 4;
   const int64_t rb = (M + RB - 1) / RB, cb = (nq + CB - 1) / CB;
@@ -586,10 +561,9 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
   pool.parallel_for(rb * cb, [&](int64_t t) {
     const int64_t r0 = t / cb * RB, q0 = t % cb * CB, m = std::min(RB, M - r0);
     std::vector<float> scratch(static_cast<size_t>(RB * GW));
-    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed_w, n, q0, std::min(nq, q0 + CB), bf, C + r0 * n,
-                 n, scratch.data());
+    k.gemm_pairs(x + r0 * K2 * 2, K2, m, K2, packed.get(), n, q0, std::min(nq, q0 + CB), bf,
+                 C + r0 * n, n, scratch.data());
   });
-  if (fresh) pack_cache_insert(key, std::move(fresh));
   return out;
 }
 

@@ -56,10 +56,6 @@ struct DirectionForward : DirectionInputs {
   uint16_t* z_bits = nullptr;
   void* z = nullptr;  // training state [T, N, ZG*H] or null
   int64_t z_ld = 0;
-  // R's panels from the pack cache (cpu/pack_cache.hpp), or null: packed into the
-  // workspace. Already packed (a hit), or packed into them by the pack stage.
-  void* panels = nullptr;
-  bool panels_ready = false;
 };
 
 // One direction of back-propagation through time (contract: "Gradient operations").

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "cpu/aligned.hpp"
-#include "cpu/pack_cache.hpp"
 #include "cpu/thread_pool.hpp"
 #include "rnncore/error.hpp"
 
@@ -130,41 +129,6 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     ws[d].reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!ws[d]) throw std::bad_alloc();
   }
-  // R's panels from the pack cache when the same weights come again; else packed into a
-  // new entry (inserted once the call has succeeded). Not with a fused projection, whose
-  // stage also packs W beside R.
-  DirectionForward local[2];
-  std::shared_ptr<const PackedWeights> keep[2];
-  std::shared_ptr<PackedWeights> fresh[2];
-  PackKey keys[2];
-  for (int64_t d = 0; d < p.D; ++d) {
-    DirectionForward& a = local[d];
-    a = dirs[d];
-    const int64_t kind = k.panel_source(a);
-    PackKey& key = keys[d];
-    key.source = kind ? static_cast<const void*>(a.R_narrow) : a.R;
-    key.bytes = p.G * p.H * p.H * (kind ? 2 : int64_t(sizeof(T)));
-    key.layout[0] = p.H;
-    key.layout[1] = static_cast<int64_t>(p.op);
-    key.layout[2] = p.op == detail::OpKind::Gru && p.gru.reset_after;
-    key.layout[3] = kind;
-    key.layout[4] = k.width;
-    key.layout[5] = int64_t(sizeof(T));
-    if (p.fused_projection || !key.source || !pack_cache_accepts(key.bytes)) continue;
-    if ((keep[d] = pack_cache_find(key))) {
-      a.panels = const_cast<unsigned char*>(keep[d]->packed.data());
-      a.panels_ready = true;
-    } else {
-      fresh[d] = pack_cache_entry(key, nb * p.H * p.G * k.width * int64_t(sizeof(T)));
-      a.panels = fresh[d]->packed.data();
-    }
-  }
-  dirs = local;
-  const auto remember = [&] {
-    for (int64_t d = 0; d < p.D; ++d)
-      if (fresh[d]) pack_cache_insert(keys[d], std::move(fresh[d]));
-  };
-
   const int64_t blk = (k.block(p) + 15) / 16 * 16;
   auto chunk = [&](T* scratch, int64_t stage, int64_t ch) {
     const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
@@ -187,7 +151,7 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
       LineVector<T> scratch(static_cast<size_t>(blk));
       serial(d, scratch.data());
     });
-    return remember();
+    return;
   }
   std::unique_ptr<T, AlignedFree> scratch(
       static_cast<T*>(std::aligned_alloc(64, static_cast<size_t>(participants * blk) * sizeof(T))));
@@ -196,13 +160,12 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   std::memset(scratch.get(), 0, static_cast<size_t>(participants * blk) * sizeof(T));
   if (participants <= 1) {
     for (int64_t d = 0; d < p.D; ++d) serial(d, scratch.get());
-    return remember();
+    return;
   }
   StagedJob job(stages, p.D * C, participants, [&](int slot, int64_t stage, int64_t ch) {
     chunk(scratch.get() + slot * blk, stage, ch);
   });
   job.run(pool);
-  remember();
 }
 
 void fused_forward(const detail::Problem& p, const DirectionForward* dirs) {

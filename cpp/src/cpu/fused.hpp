@@ -27,8 +27,6 @@ struct FusedOps {
   void (*step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s, int phase,
                int64_t b0, int64_t b1, T* blk);
   int (*phases)(const detail::Problem& p);
-  // What pack() reads of R (Fused::panel_source): 0 T elements (a.R), else 16-bit a.R_narrow.
-  int64_t (*panel_source)(const DirectionForward& a);
   int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
   int64_t (*workspace)(const detail::Problem& p);

@@ -19,7 +19,6 @@ FusedOps<T> ops() {
                 &F::pack,
                 &F::step,
                 &F::phases,
-                &F::panel_source,
                 &F::block,
                 &F::workspace,
                 &F::pack_columns,

@@ -628,10 +628,10 @@ struct Fused {  // S: the scalar type
     S* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
     S* w_panels;  // W's panels with a fused projection: [b][k < I][g][w]
   };
-  static Buffers buffers(const Problem& p, const Dir& a, S* ws) {
+  static Buffers buffers(const Problem& p, S* ws) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
     Buffers b;
-    b.panels = a.panels ? static_cast<S*>(a.panels) : ws;
+    b.panels = ws;
     S* q = ws + nb * p.H * p.G * W;
     b.hm[0] = q;
     b.hm[1] = q + NH;
@@ -642,11 +642,6 @@ struct Fused {  // S: the scalar type
     return b;
   }
 
-  // What pack() reads of R: 0 its float32 (S) elements, 1 float16 and 2 bfloat16 bits into
-  // 16-bit panels, 3 bfloat16 bits into vdpbf16ps pairs.
-  static int64_t panel_source(const Dir& a) {
-    return dot_panels(a) ? 3 : half_panels(a) ? (a.R_bfloat16 ? 2 : 1) : 0;
-  }
   // Whether direction a's panels are 16-bit (narrow storage and an ISA that converts).
   static bool half_panels(const Dir& a) { return kHalfPanels && a.R_narrow != nullptr; }
   // Whether direction a's panels are bfloat16 pairs for vdpbf16ps.
@@ -823,9 +818,8 @@ struct Fused {  // S: the scalar type
   // then the candidate rows, as two sets of panels.
   static void pack(const Problem& p, const Dir& a, S* ws, int64_t b0, int64_t b1) {
     const int64_t H = p.H;
-    const Buffers bf = buffers(p, a, ws);
+    const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
-    if (a.panels_ready) return init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
     if (p.fused_projection) {  // W's panels, in the sets of R's
       if (dot_panels(a)) {     // (the LSTM) W's bfloat16 bits (W_bits), as pairs
         static constexpr int gates[4] = {0, 1, 2, 3};
@@ -928,7 +922,7 @@ struct Fused {  // S: the scalar type
   // Every unit's arithmetic is the same whichever panels share a call.
   static void step(const Problem& p, const Dir& a, S* ws, int64_t s, int phase, int64_t b0,
                    int64_t b1, S* blk) {
-    const Buffers bf = buffers(p, a, ws);
+    const Buffers bf = buffers(p, ws);
     switch (p.op) {
       case detail::OpKind::Rnn: return rnn(p, a, bf, s, b0, b1, blk);
       case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk);
