@@ -1163,6 +1163,11 @@ struct Fused {  // S: the scalar type
       }
       return;
     }
+    // The usual layer's epilogue in one pass over the rows (lstm_rows).
+    [[maybe_unused]] const bool one_pass =
+        !P && !z && !zb && !cb && p.gate_act[oi] == Activation::Sigmoid &&
+        p.gate_act[of] == Activation::Sigmoid && p.gate_act[oo] == Activation::Sigmoid &&
+        p.gate_act[oz] == Activation::Tanh && p.cell_act == Activation::Tanh;
     for (int64_t b = b0; b < b1; ++b) {
       panel_product<G>(p, a, bf, b * G, op, N, blk);
       if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
@@ -1174,6 +1179,15 @@ struct Fused {  // S: the scalar type
             reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
                                           b * p.I * G * W),
             xblk);
+#endif
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<S, float> && W == 16) {
+        if (one_pass && H - b * W >= W) {
+          lstm_rows(p, a, bf, s, b * W, N, x, xn, pairs ? xblk : nullptr, fused ? bias : nullptr,
+                    cprev, c, y, yb, blk);
+          continue;
+        }
+      }
 #endif
       const auto passes = [&](auto full) {
         for (int64_t n = 0; n < N; ++n) gates(full, n, b);
@@ -1188,6 +1202,71 @@ struct Fused {  // S: the scalar type
         passes(std::false_type{});
     }
   }
+
+#if defined(__AVX512F__)
+  // The epilogue of a full panel (units u0 .. u0 + 15) of an LSTM with sigmoid gates, tanh
+  // cell gate and cell activation, no peephole and no training state: each row's four gate
+  // vectors go from blk to h and c in registers, rather than through the passes' five loops
+  // over blk. The same operations in the same order as the passes (the same bits). x: the
+  // step's rows of x' (no fused projection), else xb: the fused bfloat16 projection's block,
+  // and bias when fused.
+  static void lstm_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t u0,
+                        int64_t N, const S* x, const S* xn, const S* xb, const S* bias, Rows cprev,
+                        Rows c, S* y, uint16_t* yb, S* blk) {
+    int64_t n = 0;
+    for (; n + 4 <= N; n += 4)
+      lstm_rows_of<4>(p, a, bf, s, u0, n, x, xn, xb, bias, cprev, c, y, yb, blk);
+    for (; n < N; ++n) lstm_rows_of<1>(p, a, bf, s, u0, n, x, xn, xb, bias, cprev, c, y, yb, blk);
+  }
+  // Rows n .. n + R - 1 side by side: each activation's chain of dependent instructions
+  // overlaps the other rows' (one row alone leaves the core waiting on its chains).
+  template <int R>
+  static RNNCORE_VMATH_INLINE void lstm_rows_of(const Problem& p, const Dir& a, const Buffers& bf,
+                                                int64_t s, int64_t u0, int64_t n0, const S* x,
+                                                const S* xn, const S* xb, const S* bias, Rows cprev,
+                                                Rows c, S* y, uint16_t* yb, S* blk) {
+    constexpr int G = 4;
+    const int64_t H = p.H, oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
+    vec g[R][G];
+    for (int r = 0; r < R; ++r) {
+      const int64_t n = n0 + r;
+      const S* v = blk + n * G * W;
+      for (int k = 0; k < G; ++k) g[r][k] = load(v + k * W);
+      if (xb) {
+        for (int k = 0; k < G; ++k) g[r][k] += load(xb + n * G * W + k * W);
+      } else if (x) {
+        const S* xr = x + n * a.xp_ld + u0;
+        prefetch_next_x(xn, a, n, H, u0, 0, G);
+        for (int k = 0; k < G; ++k) g[r][k] += load(xr + k * H);
+      }
+      if (bias)
+        for (int k = 0; k < G; ++k) g[r][k] += load(bias + k * H + u0);
+    }
+    vec gi[R], gf[R], gz[R], go[R], cn[R];
+    for (int r = 0; r < R; ++r) gi[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oi])));
+    for (int r = 0; r < R; ++r) gf[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][of])));
+    for (int r = 0; r < R; ++r) gz[r] = to_vec(vmath::v16::tanh(to_m512(g[r][oz])));
+    for (int r = 0; r < R; ++r) go[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oo])));
+    for (int r = 0; r < R; ++r) {
+      const int64_t n = n0 + r;
+      cn[r] = gf[r] * load(cprev.data + n * cprev.ld + u0) + gi[r] * gz[r];
+      store(const_cast<S*>(c.data) + n * c.ld + u0, cn[r]);
+    }
+    alignas(64) S phi[R][W];
+    for (int r = 0; r < R; ++r) store(phi[r], to_vec(vmath::v16::tanh(to_m512(cn[r]))) * go[r]);
+    for (int r = 0; r < R; ++r) store_h(a, bf, y, n0 + r, u0, W, phi[r], s, H, yb);
+  }
+  static __m512 to_m512(vec v) {
+    __m512 r;
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+  static vec to_vec(__m512 v) {
+    vec r;
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+  }
+#endif
 
   // ---- GRU ----------------------------------------------------------------------------
   static void blend(const Problem& p, const S* zg, const S* hp, S* o, int64_t wv) {
