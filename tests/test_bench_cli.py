@@ -340,3 +340,37 @@ def test_full_runs_time_the_implementations_in_rounds_taking_turns(monkeypatch):
     assert ours["reps"] == 15 and "round_medians_s" not in slow and slow["median_s"] == 9.0
     assert all("_prepared" not in r for r in records)
     json.dumps(records)  # what the worker writes
+
+
+def test_gemm_measurements_include_onnx_runtime_and_the_layer_shapes(monkeypatch):
+    """The GEMM peak is measured by numpy (OpenBLAS), torch and ONNX Runtime (MLAS, its
+    weights prepacked as its LSTM's are), each product checked against numpy's first, at
+    2048² and at the shapes of the LSTM T=100 N=32 layer's products; the report names them."""
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((37, 20)).astype(np.float32)
+    b = rng.standard_normal((20, 33)).astype(np.float32)
+    fns = bench.gemm_candidates(a, b, 2)
+    assert set(fns) == {"numpy", "torch", "onnxruntime"}
+    for fn in fns.values():
+        assert np.allclose(np.asarray(fn()), a @ b, rtol=1e-5, atol=1e-5)
+    # A product that disagrees is left out rather than timed.
+    monkeypatch.setattr(bench, "onnx_matmul", lambda b, threads: lambda a: a @ b + 1)
+    assert "onnxruntime" not in bench.gemm_candidates(a, b, 2)
+    monkeypatch.undo()
+    assert bench.GEMM_SHAPES == {"projection": (3200, 256, 1024), "step": (32, 256, 1024)}
+    calls = []
+
+    def fake_measure(fn, timing, allowed, sync=lambda: None):
+        calls.append(fn)
+        return {"median_s": 1e-3}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "GEMM_SHAPES", {"step": (4, 8, 16)})
+    out = bench.gemm_peak({"warmup": 1}, 1.0, 2)
+    for prefix in ("sgemm", "dgemm"):
+        for lib in ("numpy", "torch", "onnxruntime"):
+            assert out[f"{prefix}_{lib}_gflops"] == round(2 * 2048**3 / 1e-3 / 1e9, 1)
+    assert out["sgemm_shapes"]["step"]["onnxruntime_gflops"] == round(2 * 4 * 8 * 16 / 1e6, 1)
+    line = bench.report.gemm_line(out)
+    assert "ONNX Runtime" in line and "float32 step [4×8]·[8×16]" in line

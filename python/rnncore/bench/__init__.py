@@ -304,28 +304,102 @@ def measure(fn, timing, allowed, sync=lambda: None):
     return best
 
 
-def gemm_peak(timing, allowed):
-    """GFLOP/s of a 2048² matrix product in float32 and float64, by numpy and by torch."""
+# [m, k] · [k, n]: the usual 2048² peak, and the products of the LSTM T=100 N=32 I=H=256 layer
+# (its input projection, x [T·N, I] · Wᵀ, and one step's h [N, H] · Rᵀ), where the peak that
+# matters is the one at these shapes, and ONNX Runtime's own GEMM (MLAS, B prepacked as its
+# LSTM's weights are) may run faster than OpenBLAS's.
+GEMM_SHAPES = {"projection": (3200, 256, 1024), "step": (32, 256, 1024)}
+
+
+def onnx_matmul(b, threads):
+    """C = A · b by ONNX Runtime's MatMul (MLAS) with b a constant (prepacked), or None."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    elem = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["C"])],
+        "gemm",
+        [helper.make_tensor_value_info("A", elem[b.dtype], [None, b.shape[0]])],
+        [helper.make_tensor_value_info("C", elem[b.dtype], [None, b.shape[1]])],
+        initializer=[numpy_helper.from_array(b, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+    except Exception:  # noqa: BLE001 (a type it has no MatMul for: not measured)
+        return None
+    return lambda a: session.run(None, {"A": a})[0]
+
+
+def gemm_candidates(a, b, threads):
+    """The libraries' products a · b, each checked against numpy's before it is timed."""
+    out = {"numpy": lambda: a @ b}
     try:
         import torch
     except ImportError:
         torch = None
-    n = 2048
+    if torch is not None:
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        out["torch"] = lambda: torch.mm(ta, tb)
+    ort_mm = onnx_matmul(b, threads)
+    if ort_mm is not None:
+        out["onnxruntime"] = lambda: ort_mm(a)
+    want = a @ b
+    scale = np.abs(want).max()
+    tol = 1e-4 if a.dtype == np.float32 else 1e-10
+    return {
+        name: fn
+        for name, fn in out.items()
+        if np.abs(np.asarray(fn(), dtype=np.float64) - want).max() <= tol * scale
+    }
+
+
+def gemm_peak(timing, allowed, threads=None):
+    """GFLOP/s of a 2048² matrix product in float32 and float64 by numpy (OpenBLAS), torch
+    and ONNX Runtime (MLAS), and of float32 products at the layer's shapes (GEMM_SHAPES);
+    bfloat16 2048² by torch (oneDNN) where it multiplies bfloat16."""
     rng = np.random.default_rng(0)
     out = {}
+    timing = {**timing, "warmup": 1}
+    n = 2048
     for dtype, prefix in ((np.float32, "sgemm"), (np.float64, "dgemm")):
         a = rng.standard_normal((n, n)).astype(dtype)
         b = rng.standard_normal((n, n)).astype(dtype)
-        candidates = {"numpy": lambda a=a, b=b: a @ b}
-        if torch is not None:
-            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-            candidates["torch"] = lambda ta=ta, tb=tb: torch.mm(ta, tb)
-        for name, fn in candidates.items():
-            t = measure(fn, {**timing, "warmup": 1}, allowed)
+        for name, fn in gemm_candidates(a, b, threads).items():
+            t = measure(fn, timing, allowed)
             out[f"{prefix}_{name}_gflops"] = round(2 * n**3 / t["median_s"] / 1e9, 1)
         out[f"{prefix}_peak_gflops"] = max(
             v for k, v in out.items() if k.startswith(prefix + "_") and k.endswith("_gflops")
         )
+    shapes = {}
+    for label, (m, k, cols) in GEMM_SHAPES.items():
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, cols)).astype(np.float32)
+        shapes[label] = {"m": m, "k": k, "n": cols}
+        for name, fn in gemm_candidates(a, b, threads).items():
+            t = measure(fn, timing, allowed)
+            shapes[label][f"{name}_gflops"] = round(2 * m * k * cols / t["median_s"] / 1e9, 1)
+    out["sgemm_shapes"] = shapes
+    try:
+        import torch
+
+        a = torch.randn(n, n).to(torch.bfloat16)
+        b = torch.randn(n, n).to(torch.bfloat16)
+        t = measure(lambda: torch.mm(a, b), timing, allowed)
+        out["bf16gemm_torch_gflops"] = round(2 * n**3 / t["median_s"] / 1e9, 1)
+    except ImportError:
+        pass
     return out
 
 
@@ -505,7 +579,7 @@ def worker(args, device, threads):
         "records": [],
     }
     if not args.quick and device == "cpu":
-        out["gemm"] = gemm_peak(timing, allowed)
+        out["gemm"] = gemm_peak(timing, allowed, count)
     torch_peer = next((p for p in peers if p.name == "torch"), None)
     out["reference"] = "torch float64 autograd" if torch_peer else "numpy float64 loop"
     configs = configs_of(args, device)

@@ -132,6 +132,30 @@ def gemm_peaks(results):
     return {w["threads"]: w["gemm"] for w in results["workers"] if "gemm" in w}
 
 
+LIBRARY_NAMES = {"numpy": "numpy", "torch": "torch", "onnxruntime": "ONNX Runtime"}
+
+
+def gemm_line(p):
+    """One worker's GEMM measurements (bench.gemm_peak) in a line."""
+
+    def each(d, prefix=""):
+        return ", ".join(
+            f"{label} {d[f'{prefix}{name}_gflops']}"
+            for name, label in LIBRARY_NAMES.items()
+            if f"{prefix}{name}_gflops" in d
+        )
+
+    parts = [
+        f"SGEMM {p.get('sgemm_peak_gflops', '?')} GFLOP/s ({each(p, 'sgemm_')}), "
+        f"DGEMM {p.get('dgemm_peak_gflops', '?')} ({each(p, 'dgemm_')})"
+    ]
+    if "bf16gemm_torch_gflops" in p:
+        parts.append(f"bfloat16 by torch {p['bf16gemm_torch_gflops']}")
+    for label, d in p.get("sgemm_shapes", {}).items():
+        parts.append(f"float32 {label} [{d['m']}×{d['k']}]·[{d['k']}×{d['n']}]: {each(d)}")
+    return "; ".join(parts) + "."
+
+
 def markdown(results):
     names = impls_present(results)
     peaks = gemm_peaks(results)
@@ -160,16 +184,9 @@ def markdown(results):
         "",
     ]
     if peaks:
-        lines += [
-            "GEMM 2048² peak (best of numpy and torch): "
-            + "; ".join(
-                f"{t} thread(s): SGEMM {p.get('sgemm_peak_gflops', '?')} GFLOP/s, "
-                f"DGEMM {p.get('dgemm_peak_gflops', '?')} GFLOP/s"
-                for t, p in peaks.items()
-            )
-            + ".",
-            "",
-        ]
+        lines += ["GEMM 2048² peak (the best of numpy's OpenBLAS, torch and ONNX Runtime's MLAS):"]
+        lines += [f"- {t} thread(s): {gemm_line(p)}" for t, p in peaks.items()]
+        lines += [""]
     lines += [
         "## Median time per call (ms)",
         "",
