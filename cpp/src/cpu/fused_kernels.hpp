@@ -1136,6 +1136,11 @@ struct Fused {  // S: the scalar type
         store_h(a, bf, y, n, u0, wv, phi, s, H, yb);
       }
     };
+    // The usual layer's epilogue in one pass over the rows (lstm_rows).
+    [[maybe_unused]] const bool one_pass =
+        !P && !z && !zb && !cb && p.gate_act[oi] == Activation::Sigmoid &&
+        p.gate_act[of] == Activation::Sigmoid && p.gate_act[oo] == Activation::Sigmoid &&
+        p.gate_act[oz] == Activation::Tanh && p.cell_act == Activation::Tanh;
     if (N == 1 && !fused && H % W == 0) {
       // One row: each panel's epilogue alone is a chain of dependent activations that the
       // next panel's product (hundreds of instructions) hides from the core. The products
@@ -1146,6 +1151,15 @@ struct Fused {  // S: the scalar type
         const int64_t be = std::min(b1, bg + kBatch);
         for (int64_t b = bg; b < be; ++b)
           panel_product<G>(p, a, bf, b * G, op, 1, rows_of + (b - bg) * G * W);
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<S, float> && W == 16) {
+          if (one_pass) {
+            lstm_rows(p, a, bf, s, 0, 0, bg * W, W, be - bg, x, xn, nullptr, nullptr, cprev, c, y,
+                      yb, rows_of);
+            continue;
+          }
+        }
+#endif
         for (int64_t b = bg; b < be; ++b) {
           vb = rows_of + (b - bg) * G * W;
           gates(full, 0, b);
@@ -1163,11 +1177,6 @@ struct Fused {  // S: the scalar type
       }
       return;
     }
-    // The usual layer's epilogue in one pass over the rows (lstm_rows).
-    [[maybe_unused]] const bool one_pass =
-        !P && !z && !zb && !cb && p.gate_act[oi] == Activation::Sigmoid &&
-        p.gate_act[of] == Activation::Sigmoid && p.gate_act[oo] == Activation::Sigmoid &&
-        p.gate_act[oz] == Activation::Tanh && p.cell_act == Activation::Tanh;
     for (int64_t b = b0; b < b1; ++b) {
       panel_product<G>(p, a, bf, b * G, op, N, blk);
       if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
@@ -1183,8 +1192,8 @@ struct Fused {  // S: the scalar type
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<S, float> && W == 16) {
         if (one_pass && H - b * W >= W) {
-          lstm_rows(p, a, bf, s, b * W, N, x, xn, pairs ? xblk : nullptr, fused ? bias : nullptr,
-                    cprev, c, y, yb, blk);
+          lstm_rows(p, a, bf, s, 0, 1, b * W, 0, N, x, xn, pairs ? xblk : nullptr,
+                    fused ? bias : nullptr, cprev, c, y, yb, blk);
           continue;
         }
       }
@@ -1204,36 +1213,45 @@ struct Fused {  // S: the scalar type
   }
 
 #if defined(__AVX512F__)
-  // The epilogue of a full panel (units u0 .. u0 + 15) of an LSTM with sigmoid gates, tanh
-  // cell gate and cell activation, no peephole and no training state: each row's four gate
-  // vectors go from blk to h and c in registers, rather than through the passes' five loops
-  // over blk. The same operations in the same order as the passes (the same bits). x: the
-  // step's rows of x' (no fused projection), else xb: the fused bfloat16 projection's block,
-  // and bias when fused.
-  static void lstm_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t u0,
-                        int64_t N, const S* x, const S* xn, const S* xb, const S* bias, Rows cprev,
-                        Rows c, S* y, uint16_t* yb, S* blk) {
-    int64_t n = 0;
-    for (; n + 4 <= N; n += 4)
-      lstm_rows_of<4>(p, a, bf, s, u0, n, x, xn, xb, bias, cprev, c, y, yb, blk);
-    for (; n < N; ++n) lstm_rows_of<1>(p, a, bf, s, u0, n, x, xn, xb, bias, cprev, c, y, yb, blk);
+  // The epilogue of full panels of an LSTM with sigmoid gates, tanh cell gate and cell
+  // activation, no peephole and no training state: each row's four gate vectors go from the
+  // product's block to h and c in registers, rather than through the passes' five loops over
+  // the block. The same operations in the same order as the passes (the same bits). Block
+  // row j (at vb + j·4W) is batch row n0 + j·dn of units u0 + j·du .. + 15: the rows of a
+  // panel (dn 1, du 0), or at batch 1 the panels of a batch (dn 0, du W). x: the step's rows
+  // of x' (no fused projection), else xb: the fused bfloat16 projection's block (rows as
+  // vb's), and bias when fused.
+  static void lstm_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t n0,
+                        int64_t dn, int64_t u0, int64_t du, int64_t count, const S* x, const S* xn,
+                        const S* xb, const S* bias, Rows cprev, Rows c, S* y, uint16_t* yb, S* vb) {
+    const Units at{n0, dn, u0, du};
+    int64_t j = 0;
+    for (; j + 4 <= count; j += 4)
+      lstm_rows_of<4>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, vb);
+    for (; j < count; ++j)
+      lstm_rows_of<1>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, vb);
   }
-  // Rows n .. n + R - 1 side by side: each activation's chain of dependent instructions
-  // overlaps the other rows' (one row alone leaves the core waiting on its chains).
+  struct Units {
+    int64_t n0, dn, u0, du;
+    int64_t n(int64_t j) const { return n0 + j * dn; }
+    int64_t u(int64_t j) const { return u0 + j * du; }
+  };
+  // Block rows j0 .. j0 + R - 1 side by side: each activation's chain of dependent
+  // instructions overlaps the other rows' (one row alone leaves the core waiting on them).
   template <int R>
   static RNNCORE_VMATH_INLINE void lstm_rows_of(const Problem& p, const Dir& a, const Buffers& bf,
-                                                int64_t s, int64_t u0, int64_t n0, const S* x,
+                                                int64_t s, Units at, int64_t j0, const S* x,
                                                 const S* xn, const S* xb, const S* bias, Rows cprev,
-                                                Rows c, S* y, uint16_t* yb, S* blk) {
+                                                Rows c, S* y, uint16_t* yb, S* vb) {
     constexpr int G = 4;
     const int64_t H = p.H, oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
     vec g[R][G];
     for (int r = 0; r < R; ++r) {
-      const int64_t n = n0 + r;
-      const S* v = blk + n * G * W;
+      const int64_t j = j0 + r, n = at.n(j), u0 = at.u(j);
+      const S* v = vb + j * G * W;
       for (int k = 0; k < G; ++k) g[r][k] = load(v + k * W);
       if (xb) {
-        for (int k = 0; k < G; ++k) g[r][k] += load(xb + n * G * W + k * W);
+        for (int k = 0; k < G; ++k) g[r][k] += load(xb + j * G * W + k * W);
       } else if (x) {
         const S* xr = x + n * a.xp_ld + u0;
         prefetch_next_x(xn, a, n, H, u0, 0, G);
@@ -1248,13 +1266,13 @@ struct Fused {  // S: the scalar type
     for (int r = 0; r < R; ++r) gz[r] = to_vec(vmath::v16::tanh(to_m512(g[r][oz])));
     for (int r = 0; r < R; ++r) go[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oo])));
     for (int r = 0; r < R; ++r) {
-      const int64_t n = n0 + r;
+      const int64_t n = at.n(j0 + r), u0 = at.u(j0 + r);
       cn[r] = gf[r] * load(cprev.data + n * cprev.ld + u0) + gi[r] * gz[r];
       store(const_cast<S*>(c.data) + n * c.ld + u0, cn[r]);
     }
     alignas(64) S phi[R][W];
     for (int r = 0; r < R; ++r) store(phi[r], to_vec(vmath::v16::tanh(to_m512(cn[r]))) * go[r]);
-    for (int r = 0; r < R; ++r) store_h(a, bf, y, n0 + r, u0, W, phi[r], s, H, yb);
+    for (int r = 0; r < R; ++r) store_h(a, bf, y, at.n(j0 + r), at.u(j0 + r), W, phi[r], s, H, yb);
   }
   static __m512 to_m512(vec v) {
     __m512 r;
