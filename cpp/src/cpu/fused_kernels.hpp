@@ -1274,6 +1274,52 @@ struct Fused {  // S: the scalar type
     for (int r = 0; r < R; ++r) store(phi[r], to_vec(vmath::v16::tanh(to_m512(cn[r]))) * go[r]);
     for (int r = 0; r < R; ++r) store_h(a, bf, y, at.n(j0 + r), at.u(j0 + r), W, phi[r], s, H, yb);
   }
+  // gru_after's epilogue of full panels with sigmoid z and r, tanh candidate and no training
+  // state, block rows as lstm_rows's (at), each row's three gate vectors in registers, four
+  // rows side by side; the same operations in the same order as gru_after_rows. x' of block
+  // row j: xp.p + n·xp.ld (+ its units when x_units: the step's rows of x'), gates xp.gs apart.
+  static void gru_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, Units at,
+                       int64_t count, XPanel xp, bool x_units, const S* xn, const S* b2, Rows hp,
+                       S* y, S* vb) {
+    int64_t j = 0;
+    for (; j + 4 <= count; j += 4)
+      gru_rows_of<4>(p, a, bf, s, at, j, xp, x_units, xn, b2, hp, y, vb);
+    for (; j < count; ++j) gru_rows_of<1>(p, a, bf, s, at, j, xp, x_units, xn, b2, hp, y, vb);
+  }
+  template <int R>
+  static RNNCORE_VMATH_INLINE void gru_rows_of(const Problem& p, const Dir& a, const Buffers& bf,
+                                               int64_t s, Units at, int64_t j0, XPanel xp,
+                                               bool x_units, const S* xn, const S* b2, Rows hp,
+                                               S* y, S* vb) {
+    constexpr int G = 3;
+    const int64_t H = p.H, zo = p.gru_z, ro = p.gru_r;
+    vec g[R][G];
+    const S* xr[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t j = j0 + r, n = at.n(j), u0 = at.u(j);
+      const S* v = vb + j * G * W;
+      xr[r] = xp.p + n * xp.ld + (x_units ? u0 : 0);
+      prefetch_next_x(xn, a, n, H, u0, 0, G);
+      for (int k = 0; k < G; ++k) g[r][k] = load(v + k * W);
+      for (int k = 0; k < 2; ++k) g[r][k] += load(xr[r] + k * xp.gs);
+      if (b2) g[r][2] += load(b2 + u0);
+    }
+    vec gz[R], gr[R], q[R];
+    for (int r = 0; r < R; ++r) gz[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][zo])));
+    for (int r = 0; r < R; ++r) gr[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][ro])));
+    for (int r = 0; r < R; ++r) q[r] = load(xr[r] + 2 * xp.gs) + gr[r] * g[r][2];
+    for (int r = 0; r < R; ++r) q[r] = to_vec(vmath::v16::tanh(to_m512(q[r])));
+    alignas(64) S o[R][W];
+    for (int r = 0; r < R; ++r) {
+      const int64_t j = j0 + r;
+      const vec h = load(hp.data + at.n(j) * hp.ld + at.u(j));
+      if (p.gru.flip_z)
+        store(o[r], (S(1) - gz[r]) * h + gz[r] * q[r]);
+      else
+        store(o[r], gz[r] * h + (S(1) - gz[r]) * q[r]);
+    }
+    for (int r = 0; r < R; ++r) store_h(a, bf, y, at.n(j0 + r), at.u(j0 + r), W, o[r], s, H);
+  }
   static __m512 to_m512(vec v) {
     __m512 r;
     std::memcpy(&r, &v, sizeof r);
@@ -1299,40 +1345,82 @@ struct Fused {  // S: the scalar type
     constexpr int G = 3;
     const int64_t N = p.N, H = p.H;
     const S* b2 = static_cast<const S*>(a.b2);
-    const int64_t zo = p.gru_z, ro = p.gru_r;
-    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
     const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
     const auto [x, y, z] = step_rows(p, a, s);
     const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<S, float> && W == 16) {
+      const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r],
+                       act_o = p.gate_act[2];
+      // The usual layer's epilogue in one pass (gru_rows); at batch 1 over the panels of a
+      // batch whose products come first, as the LSTM's.
+      const bool one_pass = !z && act_z == Activation::Sigmoid && act_r == Activation::Sigmoid &&
+                            act_o == Activation::Tanh;
+      if (one_pass && N == 1 && !p.fused_projection && x && H % W == 0) {
+        alignas(64) S rows_of[kBatch * G * W];
+        for (int64_t bg = b0; bg < b1; bg += kBatch) {
+          const int64_t be = std::min(b1, bg + kBatch);
+          for (int64_t b = bg; b < be; ++b)
+            panel_product<G>(p, a, bf, b * G, op, 1, rows_of + (b - bg) * G * W);
+          gru_rows(p, a, bf, s, {0, 0, bg * W, W}, be - bg, {x, a.xp_ld, H}, true, xn, b2, hp, y,
+                   rows_of);
+        }
+        return;
+      }
+      if (one_pass) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t u0 = b * W;
+          panel_product<G>(p, a, bf, b * G, op, N, blk);
+          const XPanel xp = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
+          if (H - u0 >= W && xp.p) {
+            gru_rows(p, a, bf, s, {0, 1, u0, 0}, N, xp, false, xn, b2, hp, y, blk);
+            continue;
+          }
+          gru_after_rows(p, a, bf, s, b, N, xp, xn, b2, hp, y, z, blk);
+        }
+        return;
+      }
+    }
+#endif
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       panel_product<G>(p, a, bf, b * G, op, N, blk);
       const XPanel xp = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
-      const int64_t xs = xp.gs;
-      for (int64_t n = 0; n < N; ++n) {
-        S* v = blk + n * G * W;
-        const S* xr = xp.p + n * xp.ld;
-        prefetch_next_x(xn, a, n, H, u0, 0, G);
-        for (int g = 0; g < 2; ++g)
-          for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * xs + w];
-        S* q = v + 2 * W;
-        if (b2)
-          for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
-        if (z) {
-          S* zr = z + n * a.z_ld + u0;
-          for (int g = 0; g < 3; ++g)
-            std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
-          std::memcpy(zr + 3 * H, xr + 2 * xs, static_cast<size_t>(wv) * sizeof(S));
-        }
-        act_zr(act_z, act_r, zo, v);
-        const S* rg = v + ro * W;
-        for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * xs + w] + rg[w] * q[w];
-        act(act_o, q);
-        blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
-        store_h(a, bf, y, n, u0, wv, q, s, H);
+      gru_after_rows(p, a, bf, s, b, N, xp, xn, b2, hp, y, z, blk);
+    }
+  }
+
+  // gru_after's epilogue of panel b, row by row.
+  static void gru_after_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s,
+                             int64_t b, int64_t N, XPanel xp, const S* xn, const S* b2, Rows hp,
+                             S* y, S* z, S* blk) {
+    constexpr int G = 3;
+    const int64_t H = p.H, u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+    const int64_t zo = p.gru_z, ro = p.gru_r;
+    const Activation act_z = p.gate_act[zo], act_r = p.gate_act[ro], act_o = p.gate_act[2];
+    const int64_t xs = xp.gs;
+    for (int64_t n = 0; n < N; ++n) {
+      S* v = blk + n * G * W;
+      const S* xr = xp.p + n * xp.ld;
+      prefetch_next_x(xn, a, n, H, u0, 0, G);
+      for (int g = 0; g < 2; ++g)
+        for (int64_t w = 0; w < wv; ++w) v[g * W + w] += xr[g * xs + w];
+      S* q = v + 2 * W;
+      if (b2)
+        for (int64_t w = 0; w < wv; ++w) q[w] += b2[u0 + w];
+      if (z) {
+        S* zr = z + n * a.z_ld + u0;
+        for (int g = 0; g < 3; ++g)
+          std::memcpy(zr + g * H, v + g * W, static_cast<size_t>(wv) * sizeof(S));
+        std::memcpy(zr + 3 * H, xr + 2 * xs, static_cast<size_t>(wv) * sizeof(S));
       }
+      act_zr(act_z, act_r, zo, v);
+      const S* rg = v + ro * W;
+      for (int64_t w = 0; w < wv; ++w) q[w] = xr[2 * xs + w] + rg[w] * q[w];
+      act(act_o, q);
+      blend(p, v + zo * W, hp.data + n * hp.ld + u0, q, wv);
+      store_h(a, bf, y, n, u0, wv, q, s, H);
     }
   }
 
