@@ -116,6 +116,25 @@ def test_every_fused_kernel_variant(isa):
     assert probe.stdout.strip() in (isa, "avx512", "avx2", "generic")
 
 
+@pytest.mark.parametrize("widen", ["halves", "whole"])
+def test_float16_panels_widened_by_halves_or_whole(widen):
+    """At batch 1 the 512-bit kernels widen float16 panels by two 256-bit conversions on AMD
+    Zen 4 and by one 512-bit conversion elsewhere (RNNCORE_F16_WIDEN forces either, in a fresh
+    process): the same FMAs, so both are the float32 op rounded once."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "rounded_once and float16"],
+        env=dict(os.environ, RNNCORE_F16_WIDEN=widen), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
+
+
 @pytest.mark.skipif(not BFLOAT16_DOT, reason="the avx512bf16 and avx512amx variants only")
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("bidirectional", [False, True])

@@ -80,6 +80,22 @@ FusedKernels select() {
   return fused_kernels_generic();
 }
 
+bool halves_choice() {
+  const char* forced = std::getenv("RNNCORE_F16_WIDEN");
+  if (forced && std::string(forced) == "halves") return true;
+  if (forced && std::string(forced) == "whole") return false;
+#if defined(RNNCORE_X86_KERNELS)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned family = ((a >> 8) & 0xF) + ((a >> 20) & 0xFF);
+  return family == 0x19;  // Zen 3 and 4 (only Zen 4 has AVX-512); Zen 5 is not measured
+#else
+  return false;
+#endif
+}
+
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
@@ -89,6 +105,11 @@ struct AlignedFree {
 const FusedKernels& fused_kernels() {
   static const FusedKernels k = select();
   return k;
+}
+
+bool widen_f16_by_halves() {
+  static const bool halves = halves_choice();
+  return halves;
 }
 
 template <class T>

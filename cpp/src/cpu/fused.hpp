@@ -83,6 +83,13 @@ struct FusedKernels {
 // The best kernels this CPU runs.
 const FusedKernels& fused_kernels();
 
+// Whether the 512-bit kernels widen float16 panels at batch 1 by two 256-bit conversions
+// rather than one 512-bit: on AMD Zen 4 a 512-bit vcvtph2ps issues every other cycle and a
+// 256-bit one twice a cycle (measured: 8.6 against 14.9 weights widened and multiplied a
+// cycle), on Intel's AVX-512 cores both once a cycle. RNNCORE_F16_WIDEN=halves|whole
+// forces it (for tests: the bits are the same either way).
+bool widen_f16_by_halves();
+
 // Elements pack_columns writes for B [K, n].
 template <class T>
 int64_t packed_columns_size(int64_t K, int64_t n) {

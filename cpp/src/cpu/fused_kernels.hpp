@@ -55,6 +55,10 @@ namespace rnncore::cpu {
 struct BFloat16Elem {
   uint16_t bits;
 };
+// A float16 element of R's panels widened by 256-bit halves (widen_f16_by_halves).
+struct Float16Halves {
+  uint16_t bits;
+};
 // Internal linkage: each instruction-set translation unit has its own copy, so the linker
 // can never hand code built for one ISA to another.
 namespace {
@@ -97,6 +101,7 @@ struct Fused {  // S: the scalar type
 #endif
     return r;
   }
+  static vec load(const Float16Halves* p) { return load(reinterpret_cast<const uint16_t*>(p)); }
   // bfloat16: zero-extend the bits to 32 and shift them into a float's upper half.
   static vec load(const BFloat16Elem* p) {
     vec r;
@@ -357,6 +362,9 @@ struct Fused {  // S: the scalar type
   template <int G, int M, class P>
   static void tile(const S* A, int64_t lda, int64_t K, const P* Bp, S* out, bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
+    if constexpr (M == 1 && std::is_same_v<P, Float16Halves>) {
+      return tile_halves<G, U>(A, K, reinterpret_cast<const uint16_t*>(Bp), out, accumulate);
+    }
     const vec zero = {};
     vec acc[U][M][G];
     for (int u = 0; u < U; ++u)
@@ -385,6 +393,50 @@ struct Fused {  // S: the scalar type
         for (int u = 1; u < U; ++u) sum += acc[u][r][g];
         *reinterpret_cast<vec*>(out + (r * G + g) * W) = sum;
       }
+  }
+
+  // tile<G, 1> on float16 panels, each vector of 16 as two 256-bit halves: where a 512-bit
+  // vcvtph2ps issues at half the rate of two 256-bit ones (widen_f16_by_halves), batch 1 is
+  // bound by the conversions. The same FMAs lane by lane in the same order: the same bits.
+  template <int G, int U>
+  static void tile_halves(const S* A, int64_t K, const uint16_t* Bp, S* out, bool accumulate) {
+#if RNNCORE_FUSED_HALF_PANELS
+    static_assert(W == 16 && std::is_same_v<S, float>);
+    typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+    const v8 zero = {};
+    v8 acc[U][G][2];
+    for (int u = 0; u < U; ++u)
+      for (int g = 0; g < G; ++g)
+        for (int h = 0; h < 2; ++h)
+          acc[u][g][h] =
+              u == 0 && accumulate ? *reinterpret_cast<const v8*>(out + g * W + h * 8) : zero;
+    const auto ld = [](const uint16_t* p) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      v8 r;
+      std::memcpy(&r, &v, sizeof r);
+      return r;
+    };
+    int64_t k = 0;
+    for (; k + U <= K; k += U)
+      for (int u = 0; u < U; ++u) {
+        const S a = A[k + u];
+        for (int g = 0; g < G; ++g)
+          for (int h = 0; h < 2; ++h) acc[u][g][h] += a * ld(Bp + ((k + u) * G + g) * W + h * 8);
+      }
+    for (; k < K; ++k) {
+      const S a = A[k];
+      for (int g = 0; g < G; ++g)
+        for (int h = 0; h < 2; ++h) acc[0][g][h] += a * ld(Bp + (k * G + g) * W + h * 8);
+    }
+    for (int g = 0; g < G; ++g)
+      for (int h = 0; h < 2; ++h) {
+        v8 sum = acc[0][g][h];
+        for (int u = 1; u < U; ++u) sum += acc[u][g][h];
+        *reinterpret_cast<v8*>(out + g * W + h * 8) = sum;
+      }
+#else
+    (void)A, (void)K, (void)Bp, (void)out, (void)accumulate;
+#endif
   }
 
   template <int G, class P, int M = rows<G>()>
@@ -625,8 +677,9 @@ struct Fused {  // S: the scalar type
     S* panels;
     S* hm[2];  // h̃ of the step about to run (masked state), double-buffered
     S* zeros;
-    S* extra[2];  // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
-    S* w_panels;  // W's panels with a fused projection: [b][k < I][g][w]
+    S* extra[2];      // LSTM: cell ping-pong without a cell output; GRU: z and r ⊙ h̃
+    S* w_panels;      // W's panels with a fused projection: [b][k < I][g][w]
+    bool f16_halves;  // float16 panels widened by halves (widen_f16_by_halves)
   };
   static Buffers buffers(const Problem& p, S* ws) {
     const int64_t nb = (p.H + W - 1) / W, NH = p.N * p.H;
@@ -639,6 +692,7 @@ struct Fused {  // S: the scalar type
     b.extra[0] = q + 3 * NH;
     b.extra[1] = q + 4 * NH;
     b.w_panels = ws + workspace_base(p);
+    b.f16_halves = widen_f16_by_halves();
     return b;
   }
 
@@ -719,6 +773,11 @@ struct Fused {  // S: the scalar type
       if (half_panels(a) && a.R_bfloat16)
         return block_product<G, BFloat16Elem>(
             A, lda, N, K, reinterpret_cast<const BFloat16Elem*>(bf.panels) + offset, out);
+      if constexpr (W == 16) {
+        if (half_panels(a) && bf.f16_halves)
+          return block_product<G, Float16Halves>(
+              A, lda, N, K, reinterpret_cast<const Float16Halves*>(bf.panels) + offset, out);
+      }
       if (half_panels(a))
         return block_product<G, uint16_t>(
             A, lda, N, K, reinterpret_cast<const uint16_t*>(bf.panels) + offset, out);
