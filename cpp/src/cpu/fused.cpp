@@ -151,20 +151,62 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     if (!ws[d]) throw std::bad_alloc();
   }
   const int64_t blk = (k.block(p) + 15) / 16 * 16;
+  // Work ahead (FusedOps::project_step): a participant that would wait for a step computes
+  // the next step's projection part of the chunks of its home range, into its own buffers
+  // (one per participant, stage parity and panel), and marks each chunk's
+  // ahead[ch] = stage << 16 | slot << 1 | done. A chunk whose part is not marked done for
+  // its stage computes the part itself. Per-participant buffers: a participant the OS
+  // descheduled mid-part can only ever be overwriting its own buffer, which no chunk reads
+  // until it marks it done. (The part is the same arithmetic wherever it runs.)
+  const int64_t pblk = phases == 1 ? k.project_block(p) : 0;
+  const int participants = static_cast<int>(std::min<int64_t>(pool.max_threads(), p.D * C));
+  std::unique_ptr<T, AlignedFree> ahead_buf;
+  std::unique_ptr<std::atomic<int64_t>[]> ahead;
+  if (pblk > 0 && participants > 1 && C > 1) {
+    const size_t n = static_cast<size_t>(participants * 2 * p.D * nb * pblk);
+    ahead_buf.reset(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)));
+    if (!ahead_buf) throw std::bad_alloc();
+    ahead.reset(new std::atomic<int64_t>[static_cast<size_t>(p.D * C)]());
+  }
+  const auto ahead_part = [&](int slot, int64_t stage, int64_t ch) {
+    const int64_t d = ch / C, b0 = ch % C * per_chunk;
+    return ahead_buf.get() + ((slot * 2 + stage % 2) * p.D * nb + d * nb + b0) * pblk;
+  };
   auto chunk = [&](T* scratch, int64_t stage, int64_t ch) {
     const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
-    if (stage == 0)
-      k.pack(p, dirs[d], ws[d].get(), b0, b1);
-    else
-      k.step(p, dirs[d], ws[d].get(), (stage - 1) / phases, static_cast<int>((stage - 1) % phases),
-             b0, b1, scratch);
+    if (stage == 0) return k.pack(p, dirs[d], ws[d].get(), b0, b1);
+    T* xpre = nullptr;
+    if (ahead) {
+      const int64_t v = ahead[ch].load(std::memory_order_acquire);
+      if (v >> 16 == stage && (v & 1))
+        xpre = ahead_part(static_cast<int>(v >> 1 & 0x7fff), stage, ch);
+    }
+    k.step(p, dirs[d], ws[d].get(), (stage - 1) / phases, static_cast<int>((stage - 1) % phases),
+           b0, b1, scratch, xpre);
+  };
+  // Steps from the second on (the first's chunks may not have packed W yet).
+  auto idle = [&](int slot, int64_t stage, int64_t begin, int64_t /*end*/) {
+    if (!ahead || stage < 2) return false;
+    const int64_t all = p.D * C;
+    for (int64_t i = 0; i < all; ++i) {
+      const int64_t ch = (begin + i) % all;
+      int64_t v = ahead[ch].load(std::memory_order_relaxed);
+      if (v >> 16 >= stage) continue;
+      const int64_t mine = stage << 16 | int64_t(slot) << 1;
+      if (!ahead[ch].compare_exchange_strong(v, mine, std::memory_order_relaxed)) continue;
+      const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
+      k.project_step(p, dirs[d], ws[d].get(), stage - 1, b0, b1, ahead_part(slot, stage, ch));
+      ahead[ch].compare_exchange_strong(v = mine, mine | 1, std::memory_order_release,
+                                        std::memory_order_relaxed);
+      return true;
+    }
+    return false;
   };
   auto serial = [&](int64_t d, T* scratch) {
     for (int64_t stage = 0; stage < stages; ++stage)
       for (int64_t c = 0; c < C; ++c) chunk(scratch, stage, d * C + c);
   };
 
-  const int participants = static_cast<int>(std::min<int64_t>(pool.max_threads(), p.D * C));
   if (C == 1) {
     // A direction is one chain of small steps: the directions run side by side, each on
     // one thread, with nothing to wait for inside.
@@ -183,9 +225,10 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     for (int64_t d = 0; d < p.D; ++d) serial(d, scratch.get());
     return;
   }
-  StagedJob job(stages, p.D * C, participants, [&](int slot, int64_t stage, int64_t ch) {
-    chunk(scratch.get() + slot * blk, stage, ch);
-  });
+  StagedJob job(
+      stages, p.D * C, participants,
+      [&](int slot, int64_t stage, int64_t ch) { chunk(scratch.get() + slot * blk, stage, ch); },
+      idle);
   job.run(pool);
 }
 

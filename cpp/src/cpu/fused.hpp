@@ -24,9 +24,17 @@ struct FusedOps {
   // phase `phase` (of phases(p)) of step s for them, with `blk` (block(p) elements) as
   // scratch. A phase may start once that before it is done for every panel.
   void (*pack)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t b0, int64_t b1);
+  // xpre: project_step's output for the panels, or null.
   void (*step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s, int phase,
-               int64_t b0, int64_t b1, T* blk);
+               int64_t b0, int64_t b1, T* blk, T* xpre);
   int (*phases)(const detail::Problem& p);
+  // The part of step s's products that does not depend on the step before (an LSTM or a
+  // reset-after GRU that projects its steps' rows), for panels [b0, b1), into xpre:
+  // project_block(p) elements a panel, 0 when the op has no such part. A thread that would
+  // wait for step s - 1 runs it (fused.cpp).
+  int64_t (*project_block)(const detail::Problem& p);
+  void (*project_step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s,
+                       int64_t b0, int64_t b1, T* xpre);
   int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
   int64_t (*workspace)(const detail::Problem& p);

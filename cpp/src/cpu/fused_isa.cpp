@@ -19,6 +19,8 @@ FusedOps<T> ops() {
                 &F::pack,
                 &F::step,
                 &F::phases,
+                &F::project_block,
+                &F::project_step,
                 &F::block,
                 &F::workspace,
                 &F::pack_columns,

@@ -756,7 +756,7 @@ struct Fused {  // S: the scalar type
   // W units into the panels, in their type.
   template <int G>
   static void panel_product(const Problem& p, const Dir& a, const Buffers& bf, int64_t panel,
-                            const Operand& op, int64_t N, S* out) {
+                            const Operand& op, int64_t N, S* out, bool accumulate = false) {
     const int64_t K = p.H, offset = panel * kext(p, a) * W;
     const S* A = op.data;
     const int64_t lda = op.ld;
@@ -772,17 +772,19 @@ struct Fused {  // S: the scalar type
     if constexpr (kHalfPanels) {
       if (half_panels(a) && a.R_bfloat16)
         return block_product<G, BFloat16Elem>(
-            A, lda, N, K, reinterpret_cast<const BFloat16Elem*>(bf.panels) + offset, out);
+            A, lda, N, K, reinterpret_cast<const BFloat16Elem*>(bf.panels) + offset, out,
+            accumulate);
       if constexpr (W == 16) {
         if (half_panels(a) && bf.f16_halves)
           return block_product<G, Float16Halves>(
-              A, lda, N, K, reinterpret_cast<const Float16Halves*>(bf.panels) + offset, out);
+              A, lda, N, K, reinterpret_cast<const Float16Halves*>(bf.panels) + offset, out,
+              accumulate);
       }
       if (half_panels(a))
         return block_product<G, uint16_t>(
-            A, lda, N, K, reinterpret_cast<const uint16_t*>(bf.panels) + offset, out);
+            A, lda, N, K, reinterpret_cast<const uint16_t*>(bf.panels) + offset, out, accumulate);
     }
-    block_product<G>(A, lda, N, K, bf.panels + offset, out);
+    block_product<G>(A, lda, N, K, bf.panels + offset, out, accumulate);
   }
 
   struct Rows {
@@ -980,16 +982,59 @@ struct Fused {  // S: the scalar type
   // Phase `phase` of step s for the units of panels [b0, b1); blk holds block(p) elements.
   // Every unit's arithmetic is the same whichever panels share a call.
   static void step(const Problem& p, const Dir& a, S* ws, int64_t s, int phase, int64_t b0,
-                   int64_t b1, S* blk) {
+                   int64_t b1, S* blk, S* xpre) {
     const Buffers bf = buffers(p, ws);
     switch (p.op) {
       case detail::OpKind::Rnn: return rnn(p, a, bf, s, b0, b1, blk);
-      case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk);
+      case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk, xpre);
       case detail::OpKind::Gru:
-        if (p.gru.reset_after) return gru_after(p, a, bf, s, b0, b1, blk);
+        if (p.gru.reset_after) return gru_after(p, a, bf, s, b0, b1, blk, xpre);
         if (phase == 0) return gru_before_zr(p, a, bf, s, b0, b1, blk);
         return gru_before_o(p, a, bf, s, b0, b1, blk);
     }
+  }
+
+  // Elements of project_step's output per panel: an LSTM or reset-after GRU that projects its
+  // steps' rows has a part of each step's products that does not depend on the step before
+  // (the GRU's and the bfloat16 pairs' in a block of their own); 0 for the others.
+  static int64_t project_block(const Problem& p) {
+    const bool one_phase =
+        p.op == detail::OpKind::Lstm || (p.op == detail::OpKind::Gru && p.gru.reset_after);
+    return p.fused_projection && one_phase ? p.N * p.G * W : 0;
+  }
+  // That part of step s for panels [b0, b1) into xpre (project_block(p) elements a panel),
+  // which step() then takes instead of computing it: run ahead by a thread that would
+  // otherwise wait for the step before (fused.cpp). The same arithmetic as in the step.
+  static void project_step(const Problem& p, const Dir& a, S* ws, int64_t s, int64_t b0, int64_t b1,
+                           S* xpre) {
+    const Buffers bf = buffers(p, ws);
+    for (int64_t b = b0; b < b1; ++b) {
+      S* const out = xpre + (b - b0) * p.N * p.G * W;
+      if (p.op == detail::OpKind::Lstm)
+        lstm_projection(p, a, bf, s, b, out);
+      else
+        panel_x<3>(p, a, bf, s, b, 0, nullptr, out);
+    }
+  }
+  // Panel b's part of step s's products from the source rows: W's panels times them (float32,
+  // from zero: the step's product with R accumulates onto it), or as bfloat16 pairs (the
+  // source's rows as they are, an even I).
+  static void lstm_projection(const Problem& p, const Dir& a, const Buffers& bf, int64_t s,
+                              int64_t b, S* out) {
+    constexpr int G = 4;
+    const int64_t N = p.N, tin = time_in(a, s, p.T);
+#if RNNCORE_FUSED_DOT_BF16
+    if (dot_panels(a)) {
+      block_product_dot<G, false>(
+          reinterpret_cast<const Pair*>(a.x_bits + tin * N * a.x_ld), a.x_ld / 2, 0, N, p.I / 2,
+          reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
+                                        b * p.I * G * W),
+          out);
+      return;
+    }
+#endif
+    block_product<G>(static_cast<const S*>(a.x) + tin * N * a.x_ld, a.x_ld, N, p.I,
+                     bf.w_panels + b * p.I * G * W, out);
   }
 
   // Gates [g0, g1) of the rows of x' (the input projection, x the step's) that the units of
@@ -1095,8 +1140,9 @@ struct Fused {  // S: the scalar type
     return {static_cast<const S*>(a.c) + time_out(a, s, p.T) * p.N * a.c_ld, a.c_ld};
   }
 
+  // xpre: project_step's output for these panels, or null.
   static void lstm(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
-                   int64_t b1, S* blk) {
+                   int64_t b1, S* blk, S* xpre) {
     constexpr int G = 4;
     const int64_t N = p.N, H = p.H;
     const S* P = static_cast<const S*>(a.peephole);
@@ -1124,11 +1170,9 @@ struct Fused {  // S: the scalar type
     uint16_t* const zb = a.z_bits ? a.z_bits + time_out(a, s, p.T) * N * a.z_ld : nullptr;
     const S* const xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
-    // A fused projection: the step's source rows, multiplied by W's panels after R's.
+    // A fused projection: the step's source rows times W's panels (lstm_projection).
     const bool fused = p.fused_projection, pairs = fused && dot_panels(a);
-    const int64_t tin = time_in(a, s, p.T);
-    const S* const src = fused && !pairs ? static_cast<const S*>(a.x) + tin * N * a.x_ld : nullptr;
-    S* const xblk = blk + block_base(p);  // (pairs only)
+    S* xblk = blk + block_base(p);  // pairs: panel b's projection (or its place in xpre)
     const S* const bias = static_cast<const S*>(a.bias);
     // Where the passes find panel b's product: blk, or (batched) its place in rows_of.
     S* vb = blk;
@@ -1237,31 +1281,35 @@ struct Fused {  // S: the scalar type
       return;
     }
     for (int64_t b = b0; b < b1; ++b) {
-      panel_product<G>(p, a, bf, b * G, op, N, blk);
-      if (src) block_product<G>(src, a.x_ld, N, p.I, bf.w_panels + b * p.I * G * W, blk, true);
-#if RNNCORE_FUSED_DOT_BF16
-      // The source's bfloat16 rows are pairs as they are (an even I).
-      if (pairs)
-        block_product_dot<G, false>(
-            reinterpret_cast<const Pair*>(a.x_bits + tin * N * a.x_ld), a.x_ld / 2, 0, N, p.I / 2,
-            reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
-                                          b * p.I * G * W),
-            xblk);
-#endif
+      S* const pre = xpre ? xpre + (b - b0) * N * G * W : nullptr;
+      if (fused && !pairs) {
+        // float32 sums: the projection's part first, from zero, then the product with R
+        // onto it (so that the first part can run ahead of the step, project_step).
+        vb = pre ? pre : blk;
+        if (!pre) lstm_projection(p, a, bf, s, b, vb);
+        panel_product<G>(p, a, bf, b * G, op, N, vb, true);
+      } else {
+        vb = blk;
+        panel_product<G>(p, a, bf, b * G, op, N, blk);
+        if (pairs) {
+          xblk = pre ? pre : blk + block_base(p);
+          if (!pre) lstm_projection(p, a, bf, s, b, xblk);
+        }
+      }
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<S, float> && W == 16) {
         if (one_pass && H - b * W >= W) {
           lstm_rows(p, a, bf, s, 0, 1, b * W, 0, N, x, xn, pairs ? xblk : nullptr,
-                    fused ? bias : nullptr, cprev, c, y, yb, blk);
+                    fused ? bias : nullptr, cprev, c, y, yb, vb);
           continue;
         }
       }
 #endif
       const auto passes = [&](auto full) {
         for (int64_t n = 0; n < N; ++n) gates(full, n, b);
-        act_gates4(p.gate_act, blk, N);
+        act_gates4(p.gate_act, vb, N);
         for (int64_t n = 0; n < N; ++n) cells(full, n, b);
-        act_rows(p.cell_act, blk + oi * W, N, G * W);
+        act_rows(p.cell_act, vb + oi * W, N, G * W);
         for (int64_t n = 0; n < N; ++n) outputs(full, n, b);
       };
       if (H - b * W >= W)
@@ -1399,10 +1447,15 @@ struct Fused {  // S: the scalar type
       for (int64_t w = 0; w < wv; ++w) o[w] = zg[w] * hp[w] + (S(1) - zg[w]) * o[w];
   }
 
+  // xpre: project_step's output for these panels, or null.
   static void gru_after(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
-                        int64_t b1, S* blk) {
+                        int64_t b1, S* blk, S* xpre) {
     constexpr int G = 3;
     const int64_t N = p.N, H = p.H;
+    const auto x_of = [&](int64_t b, const S* x) {
+      if (xpre) return XPanel{xpre + (b - b0) * N * G * W, G * W, W};
+      return panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
+    };
     const S* b2 = static_cast<const S*>(a.b2);
     const Rows hp = prev_state(p, a, bf, s), A = operand(a, bf, hp, s, H);
     const Operand op = product_operand(p, a, A.data, A.ld, s, blk);
@@ -1432,7 +1485,7 @@ struct Fused {  // S: the scalar type
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t u0 = b * W;
           panel_product<G>(p, a, bf, b * G, op, N, blk);
-          const XPanel xp = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
+          const XPanel xp = x_of(b, x);
           if (H - u0 >= W && xp.p) {
             gru_rows(p, a, bf, s, {0, 1, u0, 0}, N, xp, false, xn, b2, hp, y, blk);
             continue;
@@ -1445,8 +1498,7 @@ struct Fused {  // S: the scalar type
 #endif
     for (int64_t b = b0; b < b1; ++b) {
       panel_product<G>(p, a, bf, b * G, op, N, blk);
-      const XPanel xp = panel_x<G>(p, a, bf, s, b, 0, x, blk + block_base(p));
-      gru_after_rows(p, a, bf, s, b, N, xp, xn, b2, hp, y, z, blk);
+      gru_after_rows(p, a, bf, s, b, N, x_of(b, x), xn, b2, hp, y, z, blk);
     }
   }
 

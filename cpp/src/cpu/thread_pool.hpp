@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace rnncore::cpu {
@@ -154,15 +155,22 @@ class ThreadPool {
 // that finds nothing to claim waits for that (a short spin, then sleep), and a worker that
 // joins late starts at the stage in progress. fn must not depend on the slot for its
 // results (the slot only picks scratch memory).
-template <class F>
+// Idle: a participant about to wait for stage s to open first calls idle(slot, s, begin,
+// end), with its home range [begin, end), until it returns false (nothing left to do ahead)
+// or the stage opens: work that stage s's chunks would otherwise do themselves.
+struct NoIdle {
+  bool operator()(int, int64_t, int64_t, int64_t) const { return false; }
+};
+template <class F, class Idle = NoIdle>
 class StagedJob final : public Job {
  public:
-  StagedJob(int64_t stages, int64_t chunks, int participants, F fn)
+  StagedJob(int64_t stages, int64_t chunks, int participants, F fn, Idle idle = Idle())
       : stages_(stages),
         chunks_(chunks),
         ranges_(static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(participants, chunks)))),
         claims_(static_cast<size_t>(ranges_)),
-        fn_(std::move(fn)) {}
+        fn_(std::move(fn)),
+        idle_(std::move(idle)) {}
 
   // Runs every stage on the pool (or on the caller alone) and rethrows the first error.
   void run(ThreadPool& pool) {
@@ -177,7 +185,7 @@ class StagedJob final : public Job {
       const int64_t complete = done_.load(std::memory_order_acquire) / chunks_;
       if (s < complete) s = complete;  // a late joiner starts at the stage in progress
       if (s >= stages_) return;
-      wait_open(s, own);
+      wait_open(s, own, slot, home);
       if (slot != 0 && solo_.load(std::memory_order_relaxed)) return;
       int64_t c;
       const int64_t t0 = now_ns(), n0 = own.chunks;
@@ -201,7 +209,7 @@ class StagedJob final : public Job {
           chunk_ns_.store(mean, std::memory_order_relaxed);
       }
       if (++s == stages_) {
-        if (slot == 0) wait_open(s, own);  // the caller returns when the last stage is done
+        if (slot == 0) wait_open(s, own, slot, home);  // returns when the last stage is done
         return;
       }
     }
@@ -220,10 +228,25 @@ class StagedJob final : public Job {
   // Waits until stage s may start: every chunk of stage s - 1 is done. A wait far longer
   // than a chunk takes was a wait for a descheduled thread: the rest of the job runs on
   // the caller alone, and the pool is told.
-  void wait_open(int64_t s, Own& own) {
+  void wait_open(int64_t s, Own& own, int slot, int home) {
     const int64_t need = s * chunks_;
     auto open = [&] { return done_.load(std::memory_order_acquire) >= need; };
     if (open()) return;
+    if constexpr (!std::is_same_v<Idle, NoIdle>) {
+      if (s < stages_ && !failed_.load(std::memory_order_relaxed)) {
+        const int64_t begin = chunks_ * home / ranges_, end = chunks_ * (home + 1) / ranges_;
+        const int64_t t1 = now_ns();
+        bool did = false;
+        while (idle_(slot, s, begin, end)) {
+          did = true;
+          if (open()) break;
+        }
+        if (did) own.ns += now_ns() - t1;  // work, not waiting
+        if (open()) return;
+      }
+    } else {
+      (void)slot, (void)home;
+    }
     const int64_t t0 = now_ns();
     epoch_.wait(epoch_.value.load(std::memory_order_seq_cst), spin_ns(), open);
     const int64_t dt = now_ns() - t0;
@@ -269,6 +292,7 @@ class StagedJob final : public Job {
   std::mutex error_m_;
   std::exception_ptr error_;
   F fn_;
+  Idle idle_;
 };
 
 }  // namespace rnncore::cpu
