@@ -203,10 +203,14 @@ def test_bfloat16_lstm_inference_writes_its_outputs_in_bfloat16():
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), *NARROW], ids=str)
 def test_projecting_in_the_steps_gives_the_same_bits_at_every_thread_count(dtype, name):
     """From 16 batch rows the forward projects each step's rows in the step (float32 tiles,
-    or the LSTM's bfloat16 pairs): each unit's sums are the same whichever thread runs it,
-    and whether a thread waiting for a step computed that part of the next one ahead."""
+    or the LSTM's bfloat16 pairs), and at batch 1 blocks of rows ahead of the steps: each
+    unit's sums are the same whichever thread runs it, and whether a thread waiting for a
+    step computed that part of the next one ahead."""
     rng = np.random.default_rng(11)
     cases = [(5, 32, 20, 33, True), (4, 17, 6, 31, False), (40, 16, 8, 96, False)]
+    # At batch 1 the LSTM and the reset-after GRU fill x' by blocks of rows, whichever
+    # thread gets there first (forward and reversed in time).
+    cases += [(31, 1, 8, 256, False), (9, 1, 6, 256, True)]
     for T, N, I, H, bidirectional in cases:  # noqa: E741
         op, desc = descriptor(name, bidirectional)
         args = inputs(op, rng, T, N, I, H, 2 if bidirectional else 1, dtype)

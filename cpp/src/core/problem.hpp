@@ -47,6 +47,10 @@ struct Problem {
   // The CPU's fused LSTM forward multiplies each step's source rows by W itself (no x' made
   // beforehand; DirectionForward::x, W and bias): backend.cpp decides, the kernels follow.
   bool fused_projection = false;
+  // At batch 1 (an LSTM or a reset-after GRU): the fused forward fills x' itself (the same
+  // DirectionForward fields), by blocks of steps' rows and a chunk's panels, ahead of the
+  // steps that read them, in the time threads would otherwise wait for a step.
+  bool lazy_projection = false;
 
   int64_t gh() const { return G * H; }
   int64_t dh() const { return D * H; }

@@ -324,6 +324,19 @@ bool fuse_projection(const Problem& p) {
          p.I > 0 && p.N >= 2 * kProductRows && panels <= 16.0 * (1 << 20) && !blas_path_forced();
 }
 
+// Batch 1 (an LSTM or a reset-after GRU, from an R and W whose float32 panels fit 16 MiB):
+// the fused forward fills x' itself, by blocks of 6 steps' rows and a chunk's panels in the
+// step's register tiles, ahead of the steps that read them and in the time the pool's threads
+// would otherwise wait for a step (Problem::lazy_projection), rather than by a GEMM
+// beforehand. For any thread count (the bits of x' are the tiles' either way).
+bool lazy_projection(const Problem& p) {
+  const double panels = 4.0 * static_cast<double>(p.G * p.H) * static_cast<double>(p.H + p.I);
+  const bool op =
+      p.op == detail::OpKind::Lstm || (p.op == detail::OpKind::Gru && p.gru.reset_after);
+  return op && p.dtype == DType::Float32 && p.N == 1 && p.has_input_weight && p.I > 0 &&
+         panels <= 16.0 * (1 << 20) && !blas_path_forced();
+}
+
 // Batch 1, a few steps and an R that stays in L2 (float32 or float64 storage): each step's
 // product with R is a matrix-vector product that the BLAS streams from R as stored, where
 // the fused kernels first pack R (more work than the steps) and wake the pool's threads.
@@ -342,12 +355,17 @@ bool per_step_blas(const Problem& p) {
 // fused: the fused kernels, else each step by BLAS calls (run_all).
 void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR r16, bool fused) {
   Problem p = problem;
-  p.fused_projection = fused && (r16.x_bits || (fuse_projection(p) && !r16.projected));
+  p.fused_projection =
+      fused && (r16.x_bits || (fuse_projection(p) && !r16.projected)) && !(r16.x_bits && p.N == 1);
+  p.lazy_projection = fused && !p.fused_projection && !r16.projected && lazy_projection(p);
   const int64_t H = p.H, D = p.D, DH = p.dh(), dgh = D * p.gh();
   const void* xp = in.source;
   Tensor xbuf;
   if (p.fused_projection) {
     xp = nullptr;
+  } else if (p.lazy_projection) {
+    xbuf = detail::cached_empty({p.T, p.N, dgh}, p.dtype);  // (filled by the steps' threads)
+    xp = xbuf.data();
   } else if (r16.projected) {
     xp = r16.projected;
   } else if (p.has_input_weight || p.has_bias) {
@@ -366,7 +384,7 @@ void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR
     a.R_bfloat16 = r16.dtype == DType::BFloat16;
     a.xp = off(xp, d * p.gh());
     a.xp_ld = dgh;
-    if (p.fused_projection) {
+    if (p.fused_projection || p.lazy_projection) {
       a.x = in.source;
       a.x_bits = r16.x_bits;
       a.x_ld = p.I;
@@ -578,8 +596,10 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   const bool fused = !blas_path_forced() && (dot || !per_step_blas(q));
   // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
   // (fuse_projection; the source's rows as pairs: an even I).
+  // So does one at batch 1 that fills x' itself (lazy_projection).
   const bool fused_pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && k.narrow_panels &&
-                           p.op == detail::OpKind::Lstm && fuse_projection(q) && p.I % 2 == 0;
+                           p.op == detail::OpKind::Lstm &&
+                           (fuse_projection(q) || lazy_projection(q)) && p.I % 2 == 0;
   const bool pairs = !fused_pairs && fused && p.dtype == DType::BFloat16 && k.gemm_pairs &&
                      p.has_input_weight && p.I > 0 && p.T * p.N > 0;
   detail::ForwardArrays f = widen_inputs(p, a, w, fused && k.narrow_panels, pairs || fused_pairs);

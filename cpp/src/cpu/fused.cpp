@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/aligned.hpp"
@@ -172,9 +173,41 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     const int64_t d = ch / C, b0 = ch % C * per_chunk;
     return ahead_buf.get() + ((slot * 2 + stage % 2) * p.D * nb + d * nb + b0) * pblk;
   };
+  // Problem::lazy_projection: x' in blocks of kRows steps' rows (input time) × one panel,
+  // made[(d * nb + panel) * blocks + block] 0 (to do), 1 (being made) or 2 (made). A chunk's
+  // step makes its rows' blocks unless made; a participant that would wait makes the next
+  // blocks that steps will read (from the second step on: W's panels are packed in the first
+  // stage). A block is short (6 rows × 16 units: ~0.6 us at I = 256), so that it fits the
+  // wait it fills rather than delaying the next step.
+  const int64_t kRows = k.project_rows_max, blocks = (p.T + kRows - 1) / kRows;
+  std::unique_ptr<std::atomic<int>[]> made;
+  if (p.lazy_projection) made.reset(new std::atomic<int>[static_cast<size_t>(p.D * nb * blocks)]());
+  const auto make = [&](int64_t d, int64_t b, int64_t block, bool wait) {
+    std::atomic<int>& m = made[static_cast<size_t>((d * nb + b) * blocks + block)];
+    int v = m.load(std::memory_order_acquire);
+    if (v == 0 && m.compare_exchange_strong(v, 1, std::memory_order_acquire)) {
+      const int64_t t0 = block * kRows;
+      k.project_rows(p, dirs[d], ws[d].get(), t0, std::min(kRows, p.T - t0), b, b + 1);
+      m.store(2, std::memory_order_release);
+      return true;
+    }
+    // Being made by another participant (briefly: it is running it, not waiting).
+    for (int i = 1; wait && m.load(std::memory_order_acquire) != 2; ++i)
+      if (i % 1024 == 0)
+        std::this_thread::yield();
+      else
+        cpu_relax();
+    return false;
+  };
+  // The block of x' that step s of direction d reads.
+  const auto block_of = [&](int64_t d, int64_t s) {
+    return (dirs[d].flip_in ? p.T - 1 - s : s) / kRows;
+  };
   auto chunk = [&](T* scratch, int64_t stage, int64_t ch) {
     const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
     if (stage == 0) return k.pack(p, dirs[d], ws[d].get(), b0, b1);
+    if (made)
+      for (int64_t b = b0; b < b1; ++b) make(d, b, block_of(d, (stage - 1) / phases), true);
     T* xpre = nullptr;
     if (ahead) {
       const int64_t v = ahead[ch].load(std::memory_order_acquire);
@@ -186,6 +219,21 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   };
   // Steps from the second on (the first's chunks may not have packed W yet).
   auto idle = [&](int slot, int64_t stage, int64_t begin, int64_t /*end*/) {
+    if (made && stage >= 2) {
+      // The next blocks the steps read, earliest first, home chunks' panels first.
+      const int64_t all = p.D * C, s = (stage - 1) / phases;
+      for (int64_t t = s; t < p.T; t += kRows)
+        for (int64_t i = 0; i < all; ++i) {
+          const int64_t ch = (begin + i) % all, d = ch / C, b0 = ch % C * per_chunk;
+          const int64_t block = block_of(d, t);
+          for (int64_t b = b0; b < std::min(nb, b0 + per_chunk); ++b)
+            if (made[static_cast<size_t>((d * nb + b) * blocks + block)].load(
+                    std::memory_order_relaxed) == 0 &&
+                make(d, b, block, false))
+              return true;
+        }
+      return false;
+    }
     if (!ahead || stage < 2) return false;
     const int64_t all = p.D * C;
     for (int64_t i = 0; i < all; ++i) {

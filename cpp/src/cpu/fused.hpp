@@ -35,6 +35,11 @@ struct FusedOps {
   int64_t (*project_block)(const detail::Problem& p);
   void (*project_step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s,
                        int64_t b0, int64_t b1, T* xpre);
+  // With Problem::lazy_projection: x' rows [t0, t0 + m) (m <= project_rows_max) of the units
+  // of panels [b0, b1), written into the direction's x'.
+  void (*project_rows)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t t0,
+                       int64_t m, int64_t b0, int64_t b1);
+  int64_t project_rows_max;
   int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
   int64_t (*workspace)(const detail::Problem& p);

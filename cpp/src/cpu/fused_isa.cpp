@@ -21,6 +21,8 @@ FusedOps<T> ops() {
                 &F::phases,
                 &F::project_block,
                 &F::project_step,
+                &F::project_rows,
+                F::kProjectRows,
                 &F::block,
                 &F::workspace,
                 &F::pack_columns,

@@ -63,6 +63,10 @@ struct Float16Halves {
 // can never hand code built for one ISA to another.
 namespace {
 
+// The register tiles are never inlined into their callers: inlined into a step they were
+// compiled worse (the bfloat16 LSTM's batch-1 step 10% slower when lstm() grew).
+#define RNNCORE_TILE __attribute__((noinline))
+
 template <class S, int W>
 struct Fused {  // S: the scalar type
   typedef S vec __attribute__((vector_size(W * sizeof(S)), aligned(sizeof(S)), may_alias));
@@ -146,8 +150,8 @@ struct Fused {  // S: the scalar type
 #if RNNCORE_FUSED_DOT_BF16
   // Split: A's rows are hi pairs, and lo_off pairs on, the lo pairs.
   template <int G, int M, bool Split>
-  static void tile_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t K2, const Pair* Bp,
-                       S* out, bool accumulate) {
+  RNNCORE_TILE static void tile_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t K2,
+                                    const Pair* Bp, S* out, bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     __m512 acc[U][M][G];
     for (int u = 0; u < U; ++u)
@@ -360,7 +364,8 @@ struct Fused {  // S: the scalar type
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
   template <int G, int M, class P>
-  static void tile(const S* A, int64_t lda, int64_t K, const P* Bp, S* out, bool accumulate) {
+  RNNCORE_TILE static void tile(const S* A, int64_t lda, int64_t K, const P* Bp, S* out,
+                                bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
     if constexpr (M == 1 && std::is_same_v<P, Float16Halves>) {
       return tile_halves<G, U>(A, K, reinterpret_cast<const uint16_t*>(Bp), out, accumulate);
@@ -399,7 +404,8 @@ struct Fused {  // S: the scalar type
   // vcvtph2ps issues at half the rate of two 256-bit ones (widen_f16_by_halves), batch 1 is
   // bound by the conversions. The same FMAs lane by lane in the same order: the same bits.
   template <int G, int U>
-  static void tile_halves(const S* A, int64_t K, const uint16_t* Bp, S* out, bool accumulate) {
+  RNNCORE_TILE static void tile_halves(const S* A, int64_t K, const uint16_t* Bp, S* out,
+                                       bool accumulate) {
 #if RNNCORE_FUSED_HALF_PANELS
     static_assert(W == 16 && std::is_same_v<S, float>);
     typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
@@ -651,7 +657,8 @@ struct Fused {  // S: the scalar type
   }
   static int64_t workspace(const Problem& p) {
     const int64_t nb = (p.H + W - 1) / W;
-    return workspace_base(p) + (p.fused_projection ? nb * p.I * p.G * W : 0);
+    const bool w = p.fused_projection || p.lazy_projection;
+    return workspace_base(p) + (w ? nb * p.I * p.G * W : 0);
   }
   // Panels whose products an LSTM step of one row computes before their epilogues.
   static constexpr int64_t kBatch = 16;
@@ -881,8 +888,8 @@ struct Fused {  // S: the scalar type
     const int64_t H = p.H;
     const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
-    if (p.fused_projection) {  // W's panels, in the sets of R's
-      if (dot_panels(a)) {     // (the LSTM) W's bfloat16 bits (W_bits), as pairs
+    if (p.fused_projection || p.lazy_projection) {  // W's panels, in the sets of R's
+      if (dot_panels(a)) {  // (the LSTM) W's bfloat16 bits (W_bits), as pairs
         static constexpr int gates[4] = {0, 1, 2, 3};
         pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
       } else {
@@ -1016,6 +1023,48 @@ struct Fused {  // S: the scalar type
         panel_x<3>(p, a, bf, s, b, 0, nullptr, out);
     }
   }
+  // Rows of x' [t0, t0 + m) (input time, batch 1, m <= kProjectRows) for the units of panels
+  // [b0, b1): the source rows times W's panels (float32 tiles or bfloat16 pairs), plus the
+  // bias (Problem::lazy_projection). A row's sums do not depend on the others of its block.
+  static constexpr int64_t kProjectRows = 6;
+  static void project_rows(const Problem& p, const Dir& a, S* ws, int64_t t0, int64_t m, int64_t b0,
+                           int64_t b1) {
+    const Buffers bf = buffers(p, ws);
+    const int64_t H = p.H, G = p.G;
+    S* const xp = static_cast<S*>(const_cast<void*>(a.xp));
+    const S* const bias = static_cast<const S*>(a.bias);
+    alignas(64) S out[kProjectRows * 4 * W];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+      const auto product = [&](auto g) {
+        constexpr int kG = decltype(g)::value;
+#if RNNCORE_FUSED_DOT_BF16
+        if (dot_panels(a))
+          return block_product_dot<kG, false>(
+              reinterpret_cast<const Pair*>(a.x_bits + t0 * a.x_ld), a.x_ld / 2, 0, m, p.I / 2,
+              reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
+                                            b * p.I * kG * W),
+              out);
+#endif
+        block_product<kG>(static_cast<const S*>(a.x) + t0 * a.x_ld, a.x_ld, m, p.I,
+                          bf.w_panels + b * p.I * kG * W, out);
+      };
+      if (G == 4)
+        product(std::integral_constant<int, 4>{});
+      else
+        product(std::integral_constant<int, 3>{});
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+          S* const dst = xp + (t0 + r) * a.xp_ld + g * H + u0;
+          const S* const src = out + (r * G + g) * W;
+          if (bias)
+            for (int64_t w = 0; w < wv; ++w) dst[w] = src[w] + bias[g * H + u0 + w];
+          else
+            for (int64_t w = 0; w < wv; ++w) dst[w] = src[w];
+        }
+    }
+  }
+
   // Panel b's part of step s's products from the source rows: W's panels times them (float32,
   // from zero: the step's product with R accumulates onto it), or as bfloat16 pairs (the
   // source's rows as they are, an even I).

@@ -234,15 +234,10 @@ class StagedJob final : public Job {
     if (open()) return;
     if constexpr (!std::is_same_v<Idle, NoIdle>) {
       if (s < stages_ && !failed_.load(std::memory_order_relaxed)) {
+        // (Work done here is neither a chunk's nor waiting, for the stall heuristics.)
         const int64_t begin = chunks_ * home / ranges_, end = chunks_ * (home + 1) / ranges_;
-        const int64_t t1 = now_ns();
-        bool did = false;
-        while (idle_(slot, s, begin, end)) {
-          did = true;
-          if (open()) break;
-        }
-        if (did) own.ns += now_ns() - t1;  // work, not waiting
-        if (open()) return;
+        while (idle_(slot, s, begin, end))
+          if (open()) return;
       }
     } else {
       (void)slot, (void)home;
