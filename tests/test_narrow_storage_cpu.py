@@ -78,7 +78,17 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
         pytest.skip("vdpbf16ps products: test_bfloat16_dot_products; bits on avx512 (subprocess)")
     op, desc = descriptor(name, bidirectional)
     D = 2 if bidirectional else 1  # noqa: N806
-    for T, N, I, H in [(1, 1, 1, 1), (5, 3, 4, 33), (4, 1, 7, 31), (3, 9, 2, 40)]:  # noqa: E741
+    # (batch 1 from 5 steps on: the fused kernels, float16 panels widened by halves or whole,
+    # x' filled by the steps' threads from W's 16-bit panels)
+    shapes = [
+        (1, 1, 1, 1),
+        (5, 3, 4, 33),
+        (4, 1, 7, 31),
+        (3, 9, 2, 40),
+        (7, 1, 6, 33),
+        (13, 1, 5, 64),
+    ]
+    for T, N, I, H in shapes:  # noqa: E741
         half = inputs(op, np.random.default_rng(T + N + H), T, N, I, H, D, dtype)
         got = forward(op, desc, half)
         want = forward(op, desc, {k: v.astype(np.float32) for k, v in half.items()})

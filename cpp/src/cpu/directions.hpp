@@ -35,6 +35,8 @@ struct DirectionForward : DirectionInputs {
   // direction's W [G*H, I] and bias [G*H] (or null), for the step to project its own rows.
   // On the vdpbf16ps path (bfloat16 storage) the source and W are the caller's bfloat16
   // bits (x_bits, W_bits) instead, the source's rows read in place as pairs (I even).
+  // float16 storage with Problem::lazy_projection: W is the caller's float16 bits (W_bits,
+  // W null), packed as they are and widened by the tiles.
   const void* x = nullptr;
   const uint16_t* x_bits = nullptr;
   int64_t x_ld = 0;

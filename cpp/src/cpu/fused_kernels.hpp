@@ -705,6 +705,8 @@ struct Fused {  // S: the scalar type
 
   // Whether direction a's panels are 16-bit (narrow storage and an ISA that converts).
   static bool half_panels(const Dir& a) { return kHalfPanels && a.R_narrow != nullptr; }
+  // Whether W's panels are float16 (lazy_projection of float16 storage: W_bits, W null).
+  static bool half_w(const Dir& a) { return kHalfPanels && a.W_bits && !a.R_bfloat16; }
   // Whether direction a's panels are bfloat16 pairs for vdpbf16ps.
   static bool dot_panels(const Dir& a) { return kDotBf16 && half_panels(a) && a.R_bfloat16; }
   // A panel's extent along k (elements): the pairs' even count on the vdpbf16ps path.
@@ -892,6 +894,12 @@ struct Fused {  // S: the scalar type
       if (dot_panels(a)) {  // (the LSTM) W's bfloat16 bits (W_bits), as pairs
         static constexpr int gates[4] = {0, 1, 2, 3};
         pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
+      } else if (half_w(a)) {
+        if constexpr (kHalfPanels)
+          pack_sets(p, p.I, reinterpret_cast<uint16_t*>(bf.w_panels),
+                    [&](const auto& gates, uint16_t* out) {
+                      pack_panels(a.W_bits, H, p.I, gates, b0, b1, out);
+                    });
       } else {
         pack_sets(p, p.I, bf.w_panels, [&](const auto& gates, S* out) {
           pack_panels(static_cast<const S*>(a.W), H, p.I, gates, b0, b1, out);
@@ -1046,6 +1054,12 @@ struct Fused {  // S: the scalar type
                                             b * p.I * kG * W),
               out);
 #endif
+        if constexpr (kHalfPanels) {
+          if (half_w(a))
+            return block_product<kG, uint16_t>(
+                static_cast<const S*>(a.x) + t0 * a.x_ld, a.x_ld, m, p.I,
+                reinterpret_cast<const uint16_t*>(bf.w_panels) + b * p.I * kG * W, out);
+        }
         block_product<kG>(static_cast<const S*>(a.x) + t0 * a.x_ld, a.x_ld, m, p.I,
                           bf.w_panels + b * p.I * kG * W, out);
       };
