@@ -355,6 +355,22 @@ TEST(Concurrency, LargeBidirectionalCallsFromEightThreadsMatchSerialBitForBit) {
   expect_concurrent_calls_match_serial(f, 8, 1);
 }
 
+// Batch 1 with the units split over the pool: the LSTM and the reset-after GRU (the
+// bidirectional case) fill x' themselves, blocks of rows made by whichever thread waits.
+TEST(Concurrency, BatchOneCallsFillingTheirProjectionMatchSerialBitForBit) {
+  std::vector<Factory> f;
+  const Sizes s{40, 1, 24, 256};
+  for (bool bidirectional : {false, true}) {
+    f.push_back([=] {
+      return std::unique_ptr<Case>(new LstmCase<float>(s, bidirectional, false, Device::Cpu, 9));
+    });
+    f.push_back([=] {
+      return std::unique_ptr<Case>(new GruCase<float>(s, bidirectional, false, Device::Cpu, 10));
+    });
+  }
+  expect_concurrent_calls_match_serial(f, 8, 1);
+}
+
 TEST(Concurrency, EveryEmulatedOpFromEightThreadsMatchesSerialBitForBit) {
   const auto devices = available_devices();
   if (std::find(devices.begin(), devices.end(), "metal-emulated") == devices.end())
