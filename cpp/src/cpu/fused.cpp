@@ -153,8 +153,8 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   }
   const int64_t blk = (k.block(p) + 15) / 16 * 16;
   // Work ahead (FusedOps::project_step): a participant that would wait for a step computes
-  // the next step's projection part of the chunks of its home range, into its own buffers
-  // (one per participant, stage parity and panel), and marks each chunk's
+  // the next step's projection part of chunks (its home range's first, then the others'),
+  // into its own buffers (one per participant, stage parity and panel), and marks each chunk's
   // ahead[ch] = stage << 16 | slot << 1 | done. A chunk whose part is not marked done for
   // its stage computes the part itself. Per-participant buffers: a participant the OS
   // descheduled mid-part can only ever be overwriting its own buffer, which no chunk reads
