@@ -79,7 +79,7 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
     op, desc = descriptor(name, bidirectional)
     D = 2 if bidirectional else 1  # noqa: N806
     # (batch 1 from 5 steps on: the fused kernels, float16 panels widened by halves or whole,
-    # x' filled by the steps' threads from W's 16-bit panels)
+    # x' filled by the steps' threads from W's 16-bit panels; up to 4 steps: BLAS)
     shapes = [
         (1, 1, 1, 1),
         (5, 3, 4, 33),
@@ -87,6 +87,7 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
         (3, 9, 2, 40),
         (7, 1, 6, 33),
         (13, 1, 5, 64),
+        (2, 1, 160, 256),  # few rows: BLAS halves by the columns of W and R
     ]
     for T, N, I, H in shapes:  # noqa: E741
         half = inputs(op, np.random.default_rng(T + N + H), T, N, I, H, D, dtype)

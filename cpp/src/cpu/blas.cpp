@@ -128,6 +128,13 @@ GemmSplit gemm_split(int64_t M, int64_t N, int64_t K) {
   const int64_t by_work = work >= 4.0 * (1 << 22) ? 4 : static_cast<int64_t>(work) >> 22;
   s.parts = std::max<int64_t>(1, std::min<int64_t>({4, by_work, side / 16}));
   s.side = side;
+  if (M <= kFewRows && N * K >= kLargeB && s.parts < 2 && N >= 32) {
+    // A few rows against a large B stream it from memory, not compute: halves by columns
+    // (each core reads half of B, which then stays in its L2 from call to call).
+    s.by_rows = false;
+    s.side = N;
+    s.parts = 2;
+  }
   return s;
 }
 
