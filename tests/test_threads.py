@@ -29,7 +29,7 @@ import rnncore
 
 THREAD_COUNTS = (1, 2, 3, 8, 0)  # 0: the default (every usable core)
 
-# (T, N, I, H, bidirectional): N = 1 and 32, H in {1, 31, 33, 128, 256}, T = 1, bidirectional;
+# (T, N, I, H, bidirectional): N = 1 and 32, H in {1, 31, 33, 64, 128, 256}, T = 1, bidirectional;
 # the larger ones split their work into several chunks (hidden-unit panels, batch slices
 # of the gradients, GEMM blocks) on the CPU. I = None: no input weight.
 CPU_SHAPES = (
@@ -42,6 +42,7 @@ CPU_SHAPES = (
     (12, 48, 64, 128, True),
     (20, 32, 64, 128, False),
     (2, 1, 160, 256, False),  # a few rows' products halved by columns (parallel_gemm)
+    (7, 1, 20, 64, False),  # a small step split because its panels outgrow L1
 )
 # The Metal emulator runs every GPU thread as a fiber: smaller sizes.
 EMULATED_SHAPES = (
