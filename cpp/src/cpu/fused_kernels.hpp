@@ -1096,6 +1096,8 @@ struct Fused {  // S: the scalar type
           const S* const src = out + (r * G + g) * W;
           if (bias)
             for (int64_t w = 0; w < wv; ++w) dst[w] = src[w] + bias[g * H + u0 + w];
+          else if (wv == W)  // (a constant size: inlined, not a call to memcpy per row)
+            std::memcpy(dst, src, sizeof(S) * W);
           else
             for (int64_t w = 0; w < wv; ++w) dst[w] = src[w];
         }
