@@ -620,14 +620,16 @@ struct Fused {  // S: the scalar type
           for (int k = 0; k < 16; ++k)
             _mm512_storeu_si512(static_cast<void*>(panel + ((k0 + k) * G + g) * W), r[k]);
         } else {
-          // r[j]: the pair k0 + 2j, k0 + 2j + 1 of the 16 units; split into the two k.
-          const __mmask16 all = 0xFFFF;
+          // r[j]: the pair k0 + 2j, k0 + 2j + 1 of the 16 units; split into the two k by one
+          // permute (even words, then odd ones) rather than two narrowing moves.
+          const __m512i evens_odds =
+              _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28,
+                               26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
           for (int j = 0; j < 16; ++j) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + ((k0 + 2 * j) * G + g) * W),
-                                _mm512_maskz_cvtepi32_epi16(all, r[j]));
-            _mm256_storeu_si256(
-                reinterpret_cast<__m256i*>(panel + ((k0 + 2 * j + 1) * G + g) * W),
-                _mm512_maskz_cvtepi32_epi16(all, _mm512_maskz_srli_epi32(all, r[j], 16)));
+            const __m512i v = _mm512_permutexvar_epi16(evens_odds, r[j]);
+            _mm512_mask_storeu_epi16(panel + ((k0 + 2 * j) * G + g) * W, __mmask32(0xFFFF), v);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + ((k0 + 2 * j + 1) * G + g) * W),
+                                _mm512_maskz_extracti64x4_epi64(__mmask8(0xF), v, 1));
           }
         }
       }
