@@ -34,6 +34,7 @@ int64_t now_ns() {
 }
 
 int64_t spin_ns() { return 50000; }
+int64_t idle_ns() { return 1000000; }
 
 #if defined(__linux__)
 void WaitWord::sleep(uint32_t seen) {
@@ -135,10 +136,13 @@ void ThreadPool::grow(int n) {
 
 void ThreadPool::worker(uint32_t seen) {
   for (;;) {
-    generation_.wait(seen, spin_ns(), [&] {
-      return generation_.value.load(std::memory_order_acquire) != seen ||
-             stop_.load(std::memory_order_relaxed);
-    });
+    generation_.wait(
+        seen, spin_ns(),
+        [&] {
+          return generation_.value.load(std::memory_order_acquire) != seen ||
+                 stop_.load(std::memory_order_relaxed);
+        },
+        idle_ns());
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.value.load(std::memory_order_acquire);
     // Join the open job, if it still wants a worker: joining and being inside are one

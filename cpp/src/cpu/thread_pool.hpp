@@ -27,10 +27,11 @@ struct WaitWord {
   void bump();
   // Wakes every sleeper, after the caller changed the value itself.
   void notify();
-  // Spins for at most about spin_ns, then sleeps until the value is not `seen`, or until
-  // done() (checked first and after every wake) holds.
+  // Spins for at most about spin_ns, then yields the core between checks until yield_ns
+  // from the start, then sleeps until the value is not `seen`, or until done() (checked
+  // first and after every wake) holds.
   template <class Done>
-  void wait(uint32_t seen, int64_t spin_ns, Done&& done);
+  void wait(uint32_t seen, int64_t spin_ns, Done&& done, int64_t yield_ns = 0);
   // Sleeps while the value equals `seen` (may return early).
   void sleep(uint32_t seen);
 };
@@ -39,18 +40,27 @@ struct WaitWord {
 // the usual imbalance of a step on a quiet machine, short enough that a thread waiting for
 // one the OS has descheduled soon gives it its core.
 int64_t spin_ns();
+// How long an idle worker stays awake for the next job, yielding its core to any other
+// thread that wants it: a sleeping worker took 20-50 us to wake here, more than a one-step
+// call's whole time, and callers that do their own work between calls (a layer's Python,
+// a generation loop) call again within this.
+int64_t idle_ns();
 void cpu_relax();
 int64_t now_ns();
 
 // Runs done-checks with a bounded spin, then sleeps on `word`.
 template <class Done>
-void WaitWord::wait(uint32_t seen, int64_t spin, Done&& done) {
+void WaitWord::wait(uint32_t seen, int64_t spin, Done&& done, int64_t yield_ns) {
   if (done()) return;
-  const int64_t until = now_ns() + spin;
+  const int64_t start = now_ns(), until = start + spin;
   for (int i = 1;; ++i) {
     cpu_relax();
     if (done()) return;
     if ((i & 15) == 0 && now_ns() > until) break;
+  }
+  while (now_ns() < start + yield_ns) {
+    std::this_thread::yield();
+    if (done()) return;
   }
   for (;;) {
     sleepers.fetch_add(1, std::memory_order_seq_cst);
