@@ -153,6 +153,40 @@ def test_training_steps_match_torch():
         assert rel_err(b.detach(), a.detach()) < 1e-10, name
 
 
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_parameters_changed_between_calls(kind):
+    """A module keeps numpy views of its parameters between calls: every way of changing a
+    parameter is seen by the next call, layer by layer."""
+    torch.manual_seed(5)
+    theirs, ours = pair(kind, 3, 4, 2)
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+
+    def agree():
+        with torch.no_grad():
+            assert rel_err(ours(x)[0], theirs(x)[0]) < TOL[torch.float64]
+        assert rel_err(ours(x)[0].detach(), theirs(x)[0].detach()) < TOL[torch.float64]
+
+    agree()
+    changes = [
+        lambda m: m.bias_hh_l1.data.mul_(3),  # in place, unseen by the version counter
+        lambda m: m.weight_hh_l0.data.add_(0.5),
+        lambda m: setattr(m.weight_hh_l1, "data", m.weight_hh_l1.data * -1),  # new memory
+        lambda m: setattr(m.bias_ih_l0, "data", m.bias_ih_l0.data.flip(0).contiguous()),
+        lambda m: m.weight_ih_l0.data.copy_(m.weight_ih_l0.data.flip(0)),
+    ]
+    for change in changes:
+        for m in (theirs, ours):
+            change(m)
+        agree()
+    ours.load_state_dict(
+        torch.nn.GRU(3, 4, 2).double().state_dict()
+        if kind == "gru"
+        else type(theirs)(3, 4, 2).double().state_dict()
+    )
+    theirs.load_state_dict(ours.state_dict())
+    agree()
+
+
 def test_dropout_between_layers():
     torch.manual_seed(3)
     theirs, ours = pair("gru", 3, 4, 2, dropout=0.5)

@@ -19,6 +19,9 @@ default; tensors stay on torch's CPU device either way).
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -54,9 +57,31 @@ def _tensor(a):
     return torch.from_numpy(a)
 
 
-def _run(spec, x, h0, c0, params, training):
+# Per module: its _Spec and numpy views of its parameters, so that a call (a generation
+# loop's one step) does not rebuild them; a view sees in-place updates of its parameter.
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _views(where, params):
+    """numpy views of `params` (no copies), kept at `where` (module, layer) and made again
+    when a parameter is another tensor or its memory, shape, strides or dtype changed
+    (``.data = ...``, ``set_``)."""
+    entry = _CACHE.setdefault(where[0], {})
+    key = [(p, p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params]
+    old = entry.get(where[1])
+    if (
+        old is None
+        or len(old[0]) != len(key)
+        or any(a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(old[0], key))
+    ):
+        old = entry[where[1]] = (key, [_numpy(p) for p in params])
+    return old[1]
+
+
+def _run(spec, x, h0, c0, params, training, where=None):
     """One layer's forward operation on the tensors' memory (no copies of contiguous ones)."""
-    arrays = spec.arrays([_numpy(p) for p in params])
+    views = _views(where, params) if where is not None else [_numpy(p) for p in params]
+    arrays = spec.arrays(views)
     inits = {"init_state": _numpy(h0)}
     if spec.kind == "lstm":
         inits["init_cell"] = _numpy(c0)
@@ -76,9 +101,9 @@ class _Layer(torch.autograd.Function):
     """One layer, both directions: forward and gradients each one rnncore call."""
 
     @staticmethod
-    def forward(ctx, spec, x, h0, c0, *params):
+    def forward(ctx, spec, where, x, h0, c0, *params):
         ctx.spec = spec
-        ctx.saved = _run(spec, x, h0, c0, params, True)
+        ctx.saved = _run(spec, x, h0, c0, params, True, where)
         return _outputs(spec, ctx.saved[3])
 
     @staticmethod
@@ -101,7 +126,7 @@ class _Layer(torch.autograd.Function):
         grads = spec.parameter_gradients(g)
         dh0 = _tensor(g.init_state)
         dc0 = _tensor(getattr(g, "init_cell", None))
-        return (None, _tensor(g.source), dh0, dc0, *[_tensor(a) for a in grads])
+        return (None, None, _tensor(g.source), dh0, dc0, *[_tensor(a) for a in grads])
 
 
 class _Spec:
@@ -111,6 +136,7 @@ class _Spec:
     def __init__(self, module, kind, lengths=None):
         self.kind = kind
         self.lengths = lengths  # [N] int64, or None
+        self._descriptors = {}  # by training
         self.H = module.hidden_size
         self.D = 2 if module.bidirectional else 1
         self.bias = module.bias
@@ -122,7 +148,34 @@ class _Spec:
         )
         self.per_direction = 4 if module.bias else 2
 
+    @staticmethod
+    def of(module, kind, lengths):
+        """The module's spec (kept while its configuration is unchanged), with `lengths`."""
+        key = (
+            kind,
+            module.hidden_size,
+            module.bidirectional,
+            module.bias,
+            module.rnncore_device,
+            getattr(module, "nonlinearity", "tanh"),
+        )
+        entry = _CACHE.setdefault(module, {})
+        spec = entry.get("spec")
+        if spec is None or spec[0] != key:
+            spec = entry["spec"] = (key, _Spec(module, kind))
+        if lengths is None:
+            return spec[1]
+        with_lengths = copy.copy(spec[1])
+        with_lengths.lengths = lengths
+        return with_lengths
+
     def descriptor(self, training):
+        d = self._descriptors.get(training)
+        if d is None:
+            d = self._descriptors[training] = self._descriptor(training)
+        return d
+
+    def _descriptor(self, training):
         bidirectional = self.D == 2
         if self.kind == "gru":
             return rnncore.GRUDescriptor(
@@ -173,7 +226,6 @@ class _Module:
         self.rnncore_device = rnncore_device
 
     def forward(self, input, hx=None):  # noqa: A002 (torch's argument name)
-        name = f"rnncore.torch.{type(self).__name__}"
         packed = input if isinstance(input, torch.nn.utils.rnn.PackedSequence) else None
         lengths = None
         if packed is not None:
@@ -183,7 +235,8 @@ class _Module:
             lengths = lengths_t.numpy().astype(np.int64)
             if self.batch_first:
                 input = input.transpose(0, 1)
-        if input.device.type != "cpu":
+        name = f"rnncore.torch.{type(self).__name__}"
+        if not input.is_cpu:
             raise TypeError(f"[{name}] input is on {input.device}; rnncore.torch takes CPU tensors")
         if input.dim() not in (2, 3) or input.shape[-1] != self.input_size:
             layout = "(N, L, {})" if self.batch_first else "(L, N, {})"
@@ -191,7 +244,8 @@ class _Module:
                 f"[{name}] input must have shape {layout.format(self.input_size)} or "
                 f"(L, {self.input_size}) but has {tuple(input.shape)}"
             )
-        dtype = self.weight_ih_l0.dtype
+        params = self._flat_weights
+        dtype = params[0].dtype
         if input.dtype != dtype or dtype not in _DTYPES:
             raise TypeError(
                 f"[{name}] input has dtype {input.dtype} and the parameters {dtype}; "
@@ -209,20 +263,20 @@ class _Module:
         h0 = self._state("hx" if self._kind != "lstm" else "h_0", h0, N, unbatched, x.shape[0])
         c0 = self._state("c_0", c0, N, unbatched, x.shape[0])
 
-        spec = _Spec(self, self._kind, lengths)
+        spec = _Spec.of(self, self._kind, lengths)
         grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in [x, h0, c0, *self._flat_weights]
+            t is not None and t.requires_grad for t in [x, h0, c0, *params]
         )
         per_layer = spec.per_direction * D
-        params = self._flat_weights
         h_n, c_n = [], []
         for layer in range(L):
             p = params[layer * per_layer : (layer + 1) * per_layer]
             args = (x, self._layer_state(h0, layer), self._layer_state(c0, layer), *p)
             if grad:
-                out = _Layer.apply(spec, *args)
+                out = _Layer.apply(spec, (self, layer), *args)
             else:  # inference: no training state, no graph
-                out = _outputs(spec, _run(spec, args[0], args[1], args[2], p, False)[3])
+                saved = _run(spec, args[0], args[1], args[2], p, False, (self, layer))
+                out = _outputs(spec, saved[3])
             y, cells = out if self._kind == "lstm" else (out, None)
             h_n += self._finals(y, D, H, lengths)
             if cells is not None:
