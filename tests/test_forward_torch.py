@@ -8,7 +8,7 @@ first, so the float32 run of rnncore sees exactly the same numbers as the float6
 import numpy as np
 import pytest
 from cases import DTYPES, forward_tol, skip_unsupported
-from util import assert_rel_close
+from util import BFLOAT16, assert_rel_close
 
 import rnncore
 from rnncore import convert
@@ -100,3 +100,41 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
         assert_rel_close(result.cell[T - 1, :, 0:H], c_n[0], tol, f"{what}: c_n[0]")
         if bidirectional:
             assert_rel_close(result.cell[0, :, H : 2 * H], c_n[1], tol, f"{what}: c_n[1]")
+
+
+# A decoder's calls: few steps of a small batch at layer sizes, T·N <= 16 rows against
+# weights of 300-600 rows (the CPU's products of a few rows read the weights as stored; the
+# per-step path takes T·N <= 8). H = 150 and I = 200 leave partial vectors of k.
+FEW_ROWS = ((1, 2), (1, 8), (2, 3), (4, 2), (3, 5), (1, 16))
+# (measured at most 2.8e-7, 3.7e-4 and 3.1e-3; the contract's bounds for the narrow types
+# are 1e-2 and 5e-2)
+FEW_ROWS_TOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float16): 1.5e-3, BFLOAT16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", list(FEW_ROWS_TOL), ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("steps_batch", FEW_ROWS, ids=lambda s: f"T{s[0]}N{s[1]}")
+@pytest.mark.parametrize("mode", MODES)
+def test_few_rows_at_layer_sizes_match_torch(rng, mode, steps_batch, dtype):
+    skip_unsupported("cpu", dtype)
+    steps, batch = steps_batch
+    D = 2 if steps == 2 else 1
+    i_size, h_size = 200, 300 if mode.startswith("rnn") else 150
+    module = torch_module(mode, D == 2, I=i_size, H=h_size)
+    kind, desc, weights = to_rnncore(mode, module)
+    x = rng.standard_normal((steps, batch, i_size)).astype(np.float32).astype(np.float64)
+    h0 = (0.7 * rng.standard_normal((D, batch, h_size))).astype(np.float32).astype(np.float64)
+    c0 = rng.standard_normal((D, batch, h_size)).astype(np.float32).astype(np.float64)
+    with torch.no_grad():
+        init = torch.from_numpy(h0)
+        if kind == "lstm":
+            init = (init, torch.from_numpy(c0))
+        out = module(torch.from_numpy(x), init)[0].numpy()
+    args = dict(weights, init_state=to_init(h0))
+    if kind == "lstm":
+        args["init_cell"] = to_init(c0)
+    args = {k: v.astype(dtype) for k, v in args.items()}
+    fn = {"rnn": rnncore.single_gate_rnn, "lstm": rnncore.lstm, "gru": rnncore.gru}[kind]
+    rec = args.pop("recurrent_weight")
+    result = fn(x.astype(dtype), rec, **args, descriptor=desc, device="cpu")
+    what = f"{mode} T={steps} N={batch} D={D} {np.dtype(dtype).name}"
+    assert_rel_close(result.state, out, FEW_ROWS_TOL[np.dtype(dtype)], what)

@@ -43,6 +43,8 @@ CPU_SHAPES = (
     (20, 32, 64, 128, False),
     (2, 1, 160, 256, False),  # a few rows' products halved by columns (parallel_gemm)
     (7, 1, 20, 64, False),  # a small step split because its panels outgrow L1
+    (1, 8, 160, 256, False),  # products of a few rows on the weights as stored (gemm_nt)
+    (3, 5, 200, 150, True),  # ... the projection's 15 rows; partial vectors of k
 )
 # The Metal emulator runs every GPU thread as a fiber: smaller sizes.
 EMULATED_SHAPES = (

@@ -1,6 +1,7 @@
 // The backward steps' product on packed panels (FusedOps::matmul, float32 and float64):
 // against a float64 product, and the same bits however the rows and panels are split (the
-// threads split them: pairs of panels run together, a lone or partial one alone).
+// threads split them: pairs of panels run together, a lone or partial one alone). And the
+// product of a few rows against B as stored (FusedOps::gemm_nt), likewise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,6 +69,63 @@ TEST(Matmul, MatchesTheFloat64ProductAndSplitsKeepTheBits) {
         check(k.f32, M, K, n);
         check(k.f64, M, K, n);
       }
+}
+
+// gemm_nt: C = alpha A Bᵀ + beta C against a float64 product; C's other elements untouched
+// and not read with beta 0 (NaN there); every element's bits the same in any block of rows
+// and columns (the threads split the columns; the tiles take up to 8 rows).
+void check_nt(const FusedOps<float>& ops, int64_t M, int64_t n, int64_t K, float beta) {
+  std::mt19937 gen(static_cast<unsigned>(M * 1000003 + K * 1009 + n));
+  std::normal_distribution<float> dist;
+  const int64_t lda = K + 3, ldb = K + 1, ldc = n + 2;
+  std::vector<float> A(static_cast<size_t>(M * lda)), B(static_cast<size_t>(n * ldb)),
+      C(static_cast<size_t>(M * ldc));
+  for (auto& v : A) v = dist(gen);
+  for (auto& v : B) v = dist(gen);
+  for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
+  const std::vector<float> C0(C);
+  const float alpha = 1.5f;
+  ops.gemm_nt(M, n, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+  const double eps = std::ldexp(1.0, -24);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = double(A[r * lda + k]) * double(B[j * ldb + k]);
+        want += t;
+        mag += std::fabs(t);
+      }
+      const double c0 = beta == 0.0f ? 0.0 : double(C0[r * ldc + j]);
+      want = alpha * want + beta * c0;
+      ASSERT_NEAR(double(C[r * ldc + j]), want,
+                  (double(K) + 2) * eps * (alpha * mag + std::fabs(c0)))
+          << "M " << M << " n " << n << " K " << K << " at " << r << ", " << j;
+    }
+    for (int64_t j = n; j < ldc; ++j)  // the padding: untouched
+      ASSERT_EQ(std::memcmp(&C[r * ldc + j], &C0[r * ldc + j], sizeof(float)), 0);
+  }
+  for (int64_t r0 : {int64_t(0), M / 3})
+    for (int64_t j0 : {int64_t(0), n / 2, n - 1}) {
+      const int64_t r1 = std::min(M, r0 + 5), j1 = std::min(n, j0 + 17);
+      std::vector<float> D(C0);
+      ops.gemm_nt(r1 - r0, j1 - j0, K, alpha, A.data() + r0 * lda, lda, B.data() + j0 * ldb, ldb,
+                  beta, D.data() + r0 * ldc + j0, ldc);
+      for (int64_t r = r0; r < r1; ++r)
+        ASSERT_EQ(std::memcmp(&C[r * ldc + j0], &D[r * ldc + j0], (j1 - j0) * sizeof(float)), 0)
+            << "M " << M << " n " << n << " K " << K << " rows from " << r0 << " columns from "
+            << j0;
+    }
+}
+
+TEST(GemmNT, MatchesTheFloat64ProductAndSplitsKeepTheBits) {
+  const auto& ops = fused_kernels().f32;
+  if (!ops.gemm_nt) GTEST_SKIP() << "no gemm_nt on " << fused_kernels().isa;
+  // Rows: one, every tile height and two row groups; columns across tiles of 2 to 16 and the
+  // blocks of 64; K with and without a partial vector.
+  for (int64_t M : {1, 2, 3, 5, 6, 7, 8, 9, 16})
+    for (int64_t n : {1, 3, 16, 17, 65, 130})
+      for (int64_t K : {1, 15, 16, 33, 256})
+        for (float beta : {0.0f, 1.0f, 0.5f}) check_nt(ops, M, n, K, beta);
 }
 
 }  // namespace

@@ -78,6 +78,11 @@ struct FusedOps {
   // Whether the fused forward reads float16 / bfloat16 storage's R in 16 bits (then it
   // needs no float32 copy of R).
   bool narrow_panels;
+  // C[M, n] = alpha A[M, K] · B[n, K]ᵀ + beta C (row-major; C not read when beta is 0) for a
+  // few rows of A, B read as stored (few_rows.hpp; null where there is none: the BLAS).
+  // Each element's bits depend on K alone, not on M, n or a split of C.
+  void (*gemm_nt)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+                  int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
 };
 
 struct FusedKernels {

@@ -3,6 +3,9 @@
 // avx512amx), the float32 vector width RNNCORE_ISA_WIDTH and RNNCORE_ISA_F64 (whether it has
 // float64 kernels of its own); fused.cpp picks one at load time.
 #include "cpu/fused_kernels.hpp"
+#if defined(__AVX512F__)
+#include "cpu/few_rows.hpp"
+#endif
 
 #define RNNCORE_PASTE(a, b) a##b
 #define RNNCORE_ENTRY(isa) RNNCORE_PASTE(fused_kernels_, isa)
@@ -38,6 +41,9 @@ FusedOps<T> ops() {
 #if RNNCORE_FUSED_DOT_BF16
   if constexpr (std::is_same_v<T, float>)  // bfloat16 storage's gradients (bf16_gemm.hpp)
     o.tile_gemm = &Bf16Gemm::gemm;
+#endif
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows::gemm_nt;
 #endif
 #if RNNCORE_FUSED_AMX
   if constexpr (std::is_same_v<T, float>) {
