@@ -1757,14 +1757,19 @@ struct Fused {  // S: the scalar type
   }
 
   // ---- general product with a packed right operand (the backward steps) --------------
+  // Row by row of B, whole vectors (panel by panel, element by element, an LSTM's R at H = 256
+  // took 80 us, half of a T=1 gradient call).
   static void pack_columns(const S* B, int64_t K, int64_t n, S* out) {
-    const int64_t nb = (n + W - 1) / W;
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t k = 0; k < K; ++k)
+    const int64_t full = n / W, nb = (n + W - 1) / W;
+    for (int64_t k = 0; k < K; ++k) {
+      const S* row = B + k * n;
+      for (int64_t b = 0; b < full; ++b) store(out + (b * K + k) * W, load(row + b * W));
+      for (int64_t b = full; b < nb; ++b)
         for (int w = 0; w < W; ++w) {
           const int64_t j = b * W + w;
-          out[(b * K + k) * W + w] = j < n ? B[k * n + j] : S(0);
+          out[(b * K + k) * W + w] = j < n ? row[j] : S(0);
         }
+    }
   }
 
   // Two column panels of kProductRows rows at once: 2 × 8 accumulation chains, where one
