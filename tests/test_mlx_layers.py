@@ -1,13 +1,16 @@
 """rnncore.mlx layers against mlx.nn's own (the MLX CPU build): outputs, mx.grad and
 nn.value_and_grad of every parameter and input, an optimizer step, mx.compile's refusal."""
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
 mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 optim = pytest.importorskip("mlx.optimizers")
-from mlx.utils import tree_flatten  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 import rnncore.mlx as rm  # noqa: E402
 from rnncore._ops import rel_err  # noqa: E402
@@ -149,3 +152,32 @@ def test_narrow_storage_layers(name, dtype):
     for key, g in tree_flatten(got):
         assert g.dtype == dt, key
         assert rel_err(np.array(g.astype(mx.float32)), np.array(expected[key])) < tol, key
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_call_forms_in_turn_and_copies(kind):
+    """One layer called in every form in turn (its custom function is kept per form), its
+    parameters changed between calls, then copied and pickled: mlx.nn's results each time."""
+    mx.random.seed(5)
+    theirs, ours = pair(kind)
+    first = lambda out: out[0] if kind == "lstm" else out  # noqa: E731
+    for _ in range(2):
+        for batched in (True, False):
+            for with_state in (False, True):
+                x = mx.random.normal((2, 4, 3) if batched else (4, 3))
+                h = mx.random.normal((2, 5) if batched else (5,)) if with_state else None
+                w = mx.random.normal((2, 4, 5) if batched else (4, 5))
+                args = (x, h) + ((None,) if kind == "lstm" else ())
+                assert rel_err(np.array(first(ours(*args))), np.array(first(theirs(*args)))) < TOL
+                got = mnn.value_and_grad(ours, loss_fn(kind, ours, w))(x, h)
+                want = mnn.value_and_grad(theirs, loss_fn(kind, theirs, w))(x, h)
+                g_o, g_t = dict(tree_flatten(got[1])), dict(tree_flatten(want[1]))
+                for k in g_t:
+                    assert rel_err(np.array(g_o[k]), np.array(g_t[k])) < TOL, (k, batched)
+        new = {k: v * 0.9 + 0.01 for k, v in tree_flatten(theirs.parameters())}
+        theirs.update(tree_unflatten(list(new.items())))
+        ours.update(theirs.parameters())
+    x = mx.random.normal((2, 4, 3))
+    want = np.array(first(theirs(x)))
+    for other in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        assert rel_err(np.array(first(other(x))), want) < TOL

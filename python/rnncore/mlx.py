@@ -18,6 +18,8 @@ refuses with a clear error: rnncore runs outside MLX's graph, on evaluated array
 
 from __future__ import annotations
 
+import weakref
+
 import ml_dtypes
 import mlx.core as mx
 import mlx.nn
@@ -57,6 +59,19 @@ def _numpy(a, label):
         ) from e
 
 
+# Each layer's custom functions by call form, outside the module (an MLX module's attributes
+# are its children, and a custom_function cannot be copied or pickled), kept while it lives.
+_FUNCTIONS: dict = {}
+
+
+def _functions_of(module):
+    functions = _FUNCTIONS.get(id(module))
+    if functions is None:
+        functions = _FUNCTIONS[id(module)] = {}
+        weakref.finalize(module, _FUNCTIONS.pop, id(module), None)
+    return functions
+
+
 class _Layer:
     """The call of the three layers: a custom function over the present arrays."""
 
@@ -82,14 +97,26 @@ class _Layer:
                 raise ValueError(
                     f"[{label}] {arg} must have shape {expected} but has {tuple(value.shape)}"
                 )
-        params = [self.get(n) for n in self._names]
         present = {"x": x, "hidden": hidden, "cell": cell}
-        present.update({n: p for n, p in zip(self._names, params)})
-        names = [k for k, v in present.items() if v is not None]
-        kind, device = self._kind, getattr(self, "rnncore_device", None)
+        present.update({n: self.get(n) for n in self._names})
+        names = tuple(k for k, v in present.items() if v is not None)
+        device = getattr(self, "rnncore_device", None)
+        # The custom function of this layer's call form, made once: building it (descriptors,
+        # closures, mx.custom_function) cost about 12 us of a 90 us call at T=1.
+        cache = _functions_of(self)
+        key = (unbatched, names, device)
+        f = cache.get(key)
+        if f is None:
+            f = cache[key] = self._function(label, unbatched, names, device)
+        out = f(*[present[n] for n in names])
+        return out[0] if self._kind != "lstm" else (out[0], out[1])
+
+    def _function(self, label, unbatched, names, device):
+        """The mx.custom_function of one call form (input arrays `names`), and its VJP."""
+        kind, layer_names = self._kind, self._names
         train_desc, grad_desc = self._descriptor(True), self._descriptor(False)
         roles = dict(
-            zip(self._names, ("input_weight", "recurrent_weight", "bias", "secondary_bias"))
+            zip(layer_names, ("input_weight", "recurrent_weight", "bias", "secondary_bias"))
         )
 
         def to_time_major(a):
@@ -100,7 +127,7 @@ class _Layer:
 
         def arrays(values):
             v = {n: _numpy(a, label) for n, a in zip(names, values)}
-            ops = {roles[n]: v[n] for n in self._names if n in v}
+            ops = {roles[n]: v[n] for n in layer_names if n in v}
             for n in ("hidden", "cell"):
                 if n in v:
                     ops["init_state" if n == "hidden" else "init_cell"] = (
@@ -145,13 +172,12 @@ class _Layer:
             }
             if kind == "lstm" and g.init_cell is not None:
                 by_name["cell"] = _mx(g.init_cell[0] if unbatched else g.init_cell)
-            for n in self._names:
+            for n in layer_names:
                 role = roles[n]
                 by_name[n] = None if getattr(g, role, None) is None else _mx(getattr(g, role))
             return tuple(by_name[n] for n in names)
 
-        out = f(*[present[n] for n in names])
-        return out[0] if kind != "lstm" else (out[0], out[1])
+        return f
 
 
 class GRU(_Layer, mlx.nn.GRU):
