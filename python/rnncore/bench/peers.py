@@ -78,6 +78,9 @@ CONFIGS = [
     # One step at batch 1: a decoder calling its layer a step at a time.
     Config("gru", 1, 1, 256),
     Config("lstm", 1, 1, 256),
+    # One step of 8 sequences: a decoder's batch or beam.
+    Config("gru", 1, 8, 256),
+    Config("lstm", 1, 8, 256),
     Config("gru", 100, 32, 256, bidirectional=True),
     Config("lstm", 100, 32, 256, bidirectional=True),
     Config("gru", 100, 32, 256, dtype="float64"),
