@@ -3,7 +3,7 @@
 // avx512amx), the float32 vector width RNNCORE_ISA_WIDTH and RNNCORE_ISA_F64 (whether it has
 // float64 kernels of its own); fused.cpp picks one at load time.
 #include "cpu/fused_kernels.hpp"
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include "cpu/few_rows.hpp"
 #endif
 
@@ -43,7 +43,9 @@ FusedOps<T> ops() {
     o.tile_gemm = &Bf16Gemm::gemm;
 #endif
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows::gemm_nt;
+  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows<FewRowsAvx512>::gemm_nt;
+#elif defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows<FewRowsAvx2>::gemm_nt;
 #endif
 #if RNNCORE_FUSED_AMX
   if constexpr (std::is_same_v<T, float>) {
