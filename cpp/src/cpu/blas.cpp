@@ -93,11 +93,12 @@ void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
 
 constexpr int64_t kFewRows = 4, kLargeB = int64_t(1) << 16;
 
-// A·Bᵀ of 2 to 16 rows of A against a large B by the kernels' gemm_nt, which reads B as
+// A·Bᵀ of 2 to 32 rows of A against a large B by the kernels' gemm_nt, which reads B as
 // stored: OpenBLAS packs the whole of B for them (T=1 N=8 H=256 GRU: packing W for the
-// projection took 16% of the call; [8×256]·[768×256]ᵀ on one core 36 us against
-// OpenBLAS's 126, 16 rows 70 against 152). One row stays with the BLAS's GEMV.
-constexpr int64_t kFewRowsNT = 16;
+// projection took 16% of the call). [M×256]·[768×256]ᵀ on one core, AVX-512: M = 8 30 us
+// against OpenBLAS's 126, 16 60 against 152, 32 120 against 210; [32×1024]·[4096×1024]ᵀ
+// 3.3 ms against 5.5. One row stays with the BLAS's GEMV.
+constexpr int64_t kFewRowsNT = 32;
 template <class T>
 auto few_rows_nt(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
   const auto f = fused_kernels().ops<T>().gemm_nt;

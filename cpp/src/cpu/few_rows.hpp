@@ -1,6 +1,6 @@
 // A few rows of A against B as stored (AVX-512 or AVX2 with FMA, float32): C[r, j] = alpha
 // (A[r, :] · B[j, :]) + beta C[r, j], B row-major [n, K]. The products that BLAS would pack
-// the whole of B for (an input projection of T·N <= 16 rows, a step's product with R at a
+// the whole of B for (an input projection of T·N <= 32 rows, a step's product with R at a
 // small batch): B is read once per tile of rows, as stored. Compiled into the AVX2 and
 // AVX-512 variants of fused_isa.cpp.
 #pragma once
@@ -8,18 +8,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 namespace rnncore::cpu {
 namespace {
 
 #if defined(__AVX512F__)
-// 16 lanes, 16 accumulators a tile, up to 8 rows.
+// 16 lanes, 16 accumulators a tile, up to 4 rows (4 × 4: 0.88-0.90 of the FMA peak from
+// L2 at 4 to 64 rows, K = 256; 8 × 2, each column's B read once for 8 rows, 0.75).
 struct FewRowsAvx512 {
   using Reg = __m512;
   using Mask = __mmask16;
-  static constexpr int kLanes = 16, kRows = 8;
+  static constexpr int kLanes = 16, kRows = 4;
   static Mask full() { return Mask(0xFFFF); }
   static Mask first(int64_t count) { return Mask((1u << count) - 1); }
   static Reg zero() { return _mm512_setzero_ps(); }
@@ -35,10 +35,9 @@ struct FewRowsAvx512 {
   static Reg shuffle(Reg a, Reg b) {
     return _mm512_maskz_shuffle_ps(Mask(0xFFFF), a, b, imm);
   }
-  // The lane sums of acc[0..16), accumulator a's in lane(a): a transposing tree (45
-  // instructions for 16 sums, where one sum alone takes 8).
-  static int lane(int a) { return 4 * (a % 4) + a / 4; }
-  static void reduce(const Reg* acc, float* out) {
+  // The lane sums of acc[0..16), accumulator a's in lane 4 (a % 4) + a / 4: a transposing
+  // tree (45 instructions for 16 sums, where one sum alone takes 8).
+  static Reg reduce(const Reg* acc) {
     Reg s[8], t[4], u[2];
 #pragma GCC unroll 16
     for (int i = 0; i < 8; ++i)  // [acc 2i: l + (l+8) | acc 2i+1: same], 8 lanes each
@@ -52,8 +51,24 @@ struct FewRowsAvx512 {
     for (int i = 0; i < 2; ++i)  // per 128 bits: 2 accumulators of 2 lanes (l + (l+2))
       u[i] = _mm512_add_ps(shuffle<_MM_SHUFFLE(1, 0, 1, 0)>(t[2 * i], t[2 * i + 1]),
                            shuffle<_MM_SHUFFLE(3, 2, 3, 2)>(t[2 * i], t[2 * i + 1]));
-    _mm512_store_ps(out, _mm512_add_ps(shuffle<_MM_SHUFFLE(2, 0, 2, 0)>(u[0], u[1]),
-                                       shuffle<_MM_SHUFFLE(3, 1, 3, 1)>(u[0], u[1])));
+    return _mm512_add_ps(shuffle<_MM_SHUFFLE(2, 0, 2, 0)>(u[0], u[1]),
+                         shuffle<_MM_SHUFFLE(3, 1, 3, 1)>(u[0], u[1]));
+  }
+  // Lanes [0, 16) of `row` = reduce's sums of accumulators first, first + 1, ...
+  static Reg row(Reg v, int first) {
+    const __m512i a =
+        _mm512_add_epi32(_mm512_set1_epi32(first),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i lane = _mm512_add_epi32(
+        _mm512_slli_epi32(_mm512_and_si512(a, _mm512_set1_epi32(3)), 2), _mm512_srli_epi32(a, 2));
+    return _mm512_maskz_permutexvar_ps(Mask(0xFFFF), lane, v);
+  }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static void store(float* p, Mask m, Reg v) { _mm512_mask_storeu_ps(p, m, v); }
+  template <int J>
+  static void store_first(float* p, Reg v) {
+    store(p, first(J), v);
   }
 };
 #endif
@@ -73,9 +88,9 @@ struct FewRowsAvx2 {
   static Reg load(Mask m, const float* p) { return _mm256_maskload_ps(p, m); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static void pin(Reg& r) { asm("" : "+x"(r)); }
-  // accumulator a's sum in lane(a); lanes l + (l+4), then l + (l+2), then l + (l+1).
-  static int lane(int a) { return (a % 2) * 4 + a / 2; }
-  static void reduce(const Reg* acc, float* out) {
+  // accumulator a's sum in lane (a % 2) 4 + a / 2; lanes l + (l+4), then l + (l+2), then
+  // l + (l+1).
+  static Reg reduce(const Reg* acc) {
     Reg s[4], t[2];
 #pragma GCC unroll 8
     for (int i = 0; i < 4; ++i)  // [acc 2i: l + (l+4) | acc 2i+1: same], 4 lanes each
@@ -85,8 +100,30 @@ struct FewRowsAvx2 {
     for (int i = 0; i < 2; ++i)  // per 128 bits: 2 accumulators of 2 lanes (l + (l+2))
       t[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                            _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    _mm256_store_ps(out, _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1))));
+    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  static Reg row(Reg v, int first) {
+    const __m256i a =
+        _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lane = _mm256_add_epi32(
+        _mm256_slli_epi32(_mm256_and_si256(a, _mm256_set1_epi32(1)), 2), _mm256_srli_epi32(a, 1));
+    return _mm256_permutevar8x32_ps(v, lane);
+  }
+  static Reg set1(float x) { return _mm256_set1_ps(x); }
+  static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  // (vmaskmovps stores are slow on AMD: a whole row of a tile by plain stores)
+  static void store(float* p, Mask m, Reg v) { _mm256_maskstore_ps(p, m, v); }
+  template <int J>
+  static void store_first(float* p, Reg v) {
+    if constexpr (J == 8)
+      _mm256_storeu_ps(p, v);
+    else if constexpr (J == 4)
+      _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+    else if constexpr (J == 2)
+      _mm_storel_pi(reinterpret_cast<__m64*>(p), _mm256_castps256_ps128(v));
+    else
+      store(p, first(J), v);
   }
 };
 #endif
@@ -115,8 +152,8 @@ struct FewRows {
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) {
       av[r] = V::load(m, A + r * lda + k);
-      // In a register: folded into the J FMAs as memory operands, the loads of 8 rows (18
-      // a 16 FMAs) held the AVX-512 tile to half the FMA rate.
+      // In a register: folded into the J FMAs as memory operands, the loads of an 8 × 2
+      // tile (18 a 16 FMAs) held it to half the FMA rate.
       V::pin(av[r]);
     }
 #pragma GCC unroll 16
@@ -125,10 +162,13 @@ struct FewRows {
       for (int r = 0; r < M; ++r) acc[r * J + j] = V::fma(av[r], bv[j], acc[r * J + j]);
   }
 
-  // sums (lane order of V::reduce) of rows [0, M) of A against the J rows of B at b[j].
+  // C[r, j] (r < M, j < jn) = alpha (A[r, :] · b[j][:]) + beta C[r, j] (C not read when beta
+  // is 0). Row r's sums leave the register by a permute and one store (written through the
+  // stack and read back a float at a time, they stalled store forwarding).
   template <int M, int J>
   __attribute__((noinline)) static void tile(int64_t K, const float* A, int64_t lda,
-                                             const float* const* b, float* sums) {
+                                             const float* const* b, float alpha, float beta,
+                                             float* C, int64_t ldc, int jn) {
     static_assert(M * J <= kAcc);
     Reg acc[kAcc];
 #pragma GCC unroll 16
@@ -136,40 +176,30 @@ struct FewRows {
     int64_t k = 0;
     for (; k + V::kLanes <= K; k += V::kLanes) chunk<M, J>(acc, A, lda, b, k, V::full());
     if (k < K) chunk<M, J>(acc, A, lda, b, k, V::first(K - k));
-    V::reduce(acc, sums);
-  }
-
-  // C[r, j] (r < M, j < jn) from a tile's sums (unrolled for whole tiles: a loop over
-  // jn took 9% of a T=1 N=8 GRU).
-  template <int M, int J>
-  static void store(const float* sums, float alpha, float beta, float* C, int64_t ldc, int jn = J) {
+    const Reg v = V::mul(V::set1(alpha), V::reduce(acc));
 #pragma GCC unroll 16
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 16
-      for (int j = 0; j < J; ++j) {
-        if (j >= jn) break;
-        float* c = C + r * ldc + j;
-        // (std::fma: contracted by the compiler, alpha s + beta c could round either product)
-        const float v = alpha * sums[V::lane(r * J + j)];
-        *c = beta == 0.0f ? v : std::fma(beta, *c, v);
-      }
+    for (int r = 0; r < M; ++r) {
+      float* out = C + r * ldc;
+      const auto m = V::first(jn);
+      const Reg row = V::row(v, r * J);  // C[r, j0 + j] in lane j
+      const Reg c = beta == 0.0f ? row : V::fma(V::set1(beta), V::load(m, out), row);
+      if (jn == J)
+        V::template store_first<J>(out, c);
+      else
+        V::store(out, m, c);
+    }
   }
 
   template <int M>
   static void rows(int64_t n, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc) {
     constexpr int J = cols<M>();
-    alignas(64) float sums[kAcc];
     const float* b[J];
     for (int64_t j0 = 0; j0 < n; j0 += J) {
       const int jn = static_cast<int>(std::min<int64_t>(J, n - j0));
       // (past n: the last row again, its sums not stored)
       for (int j = 0; j < J; ++j) b[j] = B + (j0 + std::min(j, jn - 1)) * ldb;
-      tile<M, J>(K, A, lda, b, sums);
-      if (jn == J)
-        store<M, J>(sums, alpha, beta, C + j0, ldc);
-      else
-        store<M, J>(sums, alpha, beta, C + j0, ldc, jn);
+      tile<M, J>(K, A, lda, b, alpha, beta, C + j0, ldc, jn);
     }
   }
 
