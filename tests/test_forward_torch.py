@@ -104,7 +104,7 @@ def test_forward_matches_torch(rng, device, mode, bidirectional, with_init, dtyp
 
 # A decoder's calls: few steps of a small batch at layer sizes, T·N <= 32 rows against
 # weights of 300-600 rows (the CPU's products of a few rows read the weights as stored; the
-# per-step path takes T·N <= 8). H = 150 and I = 200 leave partial vectors of k.
+# per-step path takes T·N <= 16). H = 150 and I = 200 leave partial vectors of k.
 FEW_ROWS = ((1, 2), (1, 8), (2, 3), (4, 2), (3, 5), (1, 16), (4, 8))
 # (measured at most 2.8e-7, 3.7e-4 and 3.1e-3; the contract's bounds for the narrow types
 # are 1e-2 and 5e-2)

@@ -353,11 +353,11 @@ bool lazy_projection(const Problem& p) {
 // against 4.1 ms).
 // float16 and bfloat16 storage (off vdpbf16ps) take the same path on their widened arrays,
 // so that they remain the float32 operation rounded once.
-// A small batch (2 to 8 rows in all) takes it too where the products of a few rows read R
+// A small batch (2 to 16 rows in all) takes it too where the products of a few rows read R
 // as stored (FusedOps::gemm_nt): H=256 GRU / LSTM, alternating runs, T=1 N=8 62 / 83 us
 // against 74 / 101 (fused), T=1 N=2 36 / 46 against 59 / 73, T=4 N=2 72 / 95 against 82 /
-// 101; at T·N = 16 the two are level.
-constexpr int64_t kPerStepBlasSteps = 4, kPerStepBlasBytes = int64_t(1) << 20, kPerStepRows = 8;
+// 101; T=1 N=16 90 / 121 against 96 / 126, T=4 N=4 91 / 122 against 98 / 122.
+constexpr int64_t kPerStepBlasSteps = 4, kPerStepBlasBytes = int64_t(1) << 20, kPerStepRows = 16;
 bool per_step_blas(const Problem& p) {
   const int64_t r_bytes = p.G * p.H * p.H * dtype_size(p.dtype);
   const bool rows = p.N == 1 || (p.dtype == DType::Float32 && fused_kernels().f32.gemm_nt &&
