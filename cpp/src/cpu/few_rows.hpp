@@ -60,7 +60,8 @@ struct FewRowsAvx512 {
         _mm512_add_epi32(_mm512_set1_epi32(first),
                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     const __m512i lane = _mm512_add_epi32(
-        _mm512_slli_epi32(_mm512_and_si512(a, _mm512_set1_epi32(3)), 2), _mm512_srli_epi32(a, 2));
+        _mm512_maskz_slli_epi32(Mask(0xFFFF), _mm512_and_si512(a, _mm512_set1_epi32(3)), 2),
+        _mm512_maskz_srli_epi32(Mask(0xFFFF), a, 2));
     return _mm512_maskz_permutexvar_ps(Mask(0xFFFF), lane, v);
   }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
