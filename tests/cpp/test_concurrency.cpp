@@ -406,6 +406,14 @@ TEST(BlockCache, ReusesABlockOnlyOnceItsOwnerLetsGo) {
   // Below the threshold: plain allocations.
   Tensor e = detail::cached_empty({16}, DType::Float64);
   EXPECT_EQ(e.nbytes(), 128);
+  // From 128 KiB on (where malloc maps fresh pages): a GRU(256)'s weight gradient. Its
+  // block stays with the cache, not with malloc, which would give it to the next malloc.
+  Tensor g = detail::cached_empty({768, 256}, DType::Float32);
+  const void* grad = g.data();
+  g = Tensor();
+  void* other = std::malloc(768 * 256 * sizeof(float));
+  EXPECT_EQ(detail::cached_empty({768, 256}, DType::Float32).data(), grad);
+  std::free(other);
 }
 
 TEST(BlockCache, ThreadsTakingAndGivingBlocksNeverShareOne) {

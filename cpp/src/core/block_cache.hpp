@@ -12,6 +12,9 @@ namespace rnncore::detail {
 // back to it when their last owner lets go. The cache keeps at most RNNCORE_CACHE_MB
 // (default 256) megabytes of idle blocks, dropping the oldest first; 0 turns it off.
 Tensor cached_empty(Shape shape, DType dtype);
-constexpr size_t kCachedBytes = size_t(1) << 20;
+// glibc's malloc maps blocks from 128 KiB on afresh (and returns them on free) until its
+// threshold adapts, which a framework's allocations between calls keep undoing: a GRU(256)
+// training step at T=1 in MLX faulted in its two 768 KiB weight gradients (~140 faults).
+constexpr size_t kCachedBytes = size_t(128) << 10;
 
 }  // namespace rnncore::detail
