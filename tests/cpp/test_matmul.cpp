@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/fused.hpp"
@@ -71,27 +72,37 @@ TEST(Matmul, MatchesTheFloat64ProductAndSplitsKeepTheBits) {
       }
 }
 
-// gemm_nt: C = alpha A Bᵀ + beta C against a float64 product; C's other elements untouched
-// and not read with beta 0 (NaN there); every element's bits the same in any block of rows
-// and columns (the threads split the columns; the tiles take up to 8 rows).
-void check_nt(const FusedOps<float>& ops, int64_t M, int64_t n, int64_t K, float beta) {
-  std::mt19937 gen(static_cast<unsigned>(M * 1000003 + K * 1009 + n));
+// The kernels' own GEMMs (few_rows.hpp): C = alpha op(A) op(B) + beta C against a float64
+// product; C's other elements untouched and not read with beta 0 (NaN there); every
+// element's bits the same in any block of rows and columns (the threads split the columns).
+// NT: A [M, K] · B [n, K]ᵀ; NN: A [M, K] · B [K, n]; TN: A [K, M]ᵀ · B [K, n].
+enum class Op { NT, NN, TN };
+void check_gemm(const FusedOps<float>& ops, Op op, int64_t M, int64_t n, int64_t K, float beta) {
+  std::mt19937 gen(static_cast<unsigned>(M * 1000003 + K * 1009 + n + 7 * int(op)));
   std::normal_distribution<float> dist;
-  const int64_t lda = K + 3, ldb = K + 1, ldc = n + 2;
-  std::vector<float> A(static_cast<size_t>(M * lda)), B(static_cast<size_t>(n * ldb)),
-      C(static_cast<size_t>(M * ldc));
+  const auto f = op == Op::NT ? ops.gemm_nt : op == Op::NN ? ops.gemm_nn : ops.gemm_tn;
+  const int64_t lda = (op == Op::TN ? M : K) + 3, ldb = (op == Op::NT ? K : n) + 1, ldc = n + 2;
+  std::vector<float> A(static_cast<size_t>((op == Op::TN ? K : M) * lda)),
+      B(static_cast<size_t>((op == Op::NT ? n : K) * ldb)), C(static_cast<size_t>(M * ldc));
+  const auto a = [&](int64_t r, int64_t k) { return op == Op::TN ? k * lda + r : r * lda + k; };
+  const auto b = [&](int64_t k, int64_t j) { return op == Op::NT ? j * ldb + k : k * ldb + j; };
   for (auto& v : A) v = dist(gen);
   for (auto& v : B) v = dist(gen);
   for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
   const std::vector<float> C0(C);
   const float alpha = 1.5f;
-  ops.gemm_nt(M, n, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+  f(M, n, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
   const double eps = std::ldexp(1.0, -24);
+  const std::string what = std::string(op == Op::NT   ? "NT"
+                                       : op == Op::NN ? "NN"
+                                                      : "TN") +
+                           " M " + std::to_string(M) + " n " + std::to_string(n) + " K " +
+                           std::to_string(K);
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t j = 0; j < n; ++j) {
       double want = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double t = double(A[r * lda + k]) * double(B[j * ldb + k]);
+        const double t = double(A[a(r, k)]) * double(B[b(k, j)]);
         want += t;
         mag += std::fabs(t);
       }
@@ -99,21 +110,20 @@ void check_nt(const FusedOps<float>& ops, int64_t M, int64_t n, int64_t K, float
       want = alpha * want + beta * c0;
       ASSERT_NEAR(double(C[r * ldc + j]), want,
                   (double(K) + 2) * eps * (alpha * mag + std::fabs(c0)))
-          << "M " << M << " n " << n << " K " << K << " at " << r << ", " << j;
+          << what << " at " << r << ", " << j;
     }
     for (int64_t j = n; j < ldc; ++j)  // the padding: untouched
-      ASSERT_EQ(std::memcmp(&C[r * ldc + j], &C0[r * ldc + j], sizeof(float)), 0);
+      ASSERT_EQ(std::memcmp(&C[r * ldc + j], &C0[r * ldc + j], sizeof(float)), 0) << what;
   }
   for (int64_t r0 : {int64_t(0), M / 3})
     for (int64_t j0 : {int64_t(0), n / 2, n - 1}) {
       const int64_t r1 = std::min(M, r0 + 5), j1 = std::min(n, j0 + 17);
       std::vector<float> D(C0);
-      ops.gemm_nt(r1 - r0, j1 - j0, K, alpha, A.data() + r0 * lda, lda, B.data() + j0 * ldb, ldb,
-                  beta, D.data() + r0 * ldc + j0, ldc);
+      f(r1 - r0, j1 - j0, K, alpha, A.data() + a(r0, 0), lda, B.data() + b(0, j0), ldb, beta,
+        D.data() + r0 * ldc + j0, ldc);
       for (int64_t r = r0; r < r1; ++r)
         ASSERT_EQ(std::memcmp(&C[r * ldc + j0], &D[r * ldc + j0], (j1 - j0) * sizeof(float)), 0)
-            << "M " << M << " n " << n << " K " << K << " rows from " << r0 << " columns from "
-            << j0;
+            << what << " rows from " << r0 << " columns from " << j0;
     }
 }
 
@@ -125,7 +135,19 @@ TEST(GemmNT, MatchesTheFloat64ProductAndSplitsKeepTheBits) {
   for (int64_t M : {1, 2, 3, 5, 6, 7, 8, 9, 16})
     for (int64_t n : {1, 3, 16, 17, 65, 130})
       for (int64_t K : {1, 15, 16, 33, 256})
-        for (float beta : {0.0f, 1.0f, 0.5f}) check_nt(ops, M, n, K, beta);
+        for (float beta : {0.0f, 1.0f, 0.5f}) check_gemm(ops, Op::NT, M, n, K, beta);
+}
+
+TEST(GemmNNAndTN, MatchTheFloat64ProductAndSplitsKeepTheBits) {
+  const auto& ops = fused_kernels().f32;
+  if (!ops.gemm_nn) GTEST_SKIP() << "no gemm_nn on " << fused_kernels().isa;
+  // Rows: one, every tile height (4 and 8) with tails, and several row tiles; columns across
+  // the tiles' 16 to 48 lanes with ragged ends; K from one to a long one.
+  for (Op op : {Op::NN, Op::TN})
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 40})
+      for (int64_t n : {1, 7, 16, 33, 48, 49, 130})
+        for (int64_t K : {1, 2, 8, 31, 300})
+          for (float beta : {0.0f, 1.0f, 0.5f}) check_gemm(ops, op, M, n, K, beta);
 }
 
 }  // namespace

@@ -97,12 +97,20 @@ constexpr int64_t kFewRows = 4, kLargeB = int64_t(1) << 16;
 // stored: OpenBLAS packs the whole of B for them (T=1 N=8 H=256 GRU: packing W for the
 // projection took 16% of the call). [M×256]·[768×256]ᵀ on one core, AVX-512: M = 8 30 us
 // against OpenBLAS's 126, 16 60 against 152, 32 120 against 210; [32×1024]·[4096×1024]ᵀ
-// 3.3 ms against 5.5. One row stays with the BLAS's GEMV.
-constexpr int64_t kFewRowsNT = 32;
+// 3.3 ms against 5.5. One row stays with the BLAS's GEMV. Likewise A·B of 2 to 32 rows
+// (gemm_nn: the backward's dX'·W and dX'·R at a small batch) and AᵀB over at most 32 k
+// (gemm_tn: dW and dR of T·N <= 32 rows, where OpenBLAS ran at a fifth of the FMA peak).
+constexpr int64_t kFewRowsNT = 32, kShortK = 32;
 template <class T>
-auto few_rows_nt(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
-  const auto f = fused_kernels().ops<T>().gemm_nt;
-  return !ta && tb && M >= 2 && M <= kFewRowsNT && N * K >= kLargeB ? f : nullptr;
+auto own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  const auto& ops = fused_kernels().ops<T>();
+  using F = decltype(ops.gemm_nt);
+  if (K == 0) return F(nullptr);
+  const bool few_rows = M >= 2 && M <= kFewRowsNT && N * K >= kLargeB;
+  if (!ta && tb) return few_rows ? ops.gemm_nt : nullptr;
+  if (!ta && !tb) return few_rows ? ops.gemm_nn : nullptr;
+  if (ta && !tb) return K <= kShortK && M * N >= kLargeB ? ops.gemm_tn : nullptr;
+  return F(nullptr);
 }
 
 template <class T>
@@ -110,7 +118,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale(M, N, beta, C, ldc);
-  if (const auto f = few_rows_nt<T>(ta, tb, M, N, K))
+  if (const auto f = own_gemm<T>(ta, tb, M, N, K))
     return f(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   // A few rows of A against a large B: OpenBLAS packs the whole of B for them (the
   // projection of T·N = 2 rows packed an LSTM's W, 1 MiB, for a third of the call), where
@@ -157,7 +165,7 @@ template <class T>
 void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (const auto f = K > 0 ? few_rows_nt<T>(ta, tb, M, N, K) : nullptr) {
+  if (const auto f = own_gemm<T>(ta, tb, M, N, K)) {
     // Columns split among the threads: each core reads its share of B (which then stays in
     // its L2 from call to call). Free to follow the threads: the bits do not depend on it.
     ThreadPool& pool = ThreadPool::instance();
@@ -165,7 +173,7 @@ void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
     pool.parallel_for(parts, [&](int64_t part) {
       const auto begin = [&](int64_t i) { return i == parts ? N : N * i / parts / 16 * 16; };
       const int64_t j0 = begin(part), j1 = begin(part + 1);
-      f(M, j1 - j0, K, alpha, A, lda, B + j0 * ldb, ldb, beta, C + j0, ldc);
+      f(M, j1 - j0, K, alpha, A, lda, tb ? B + j0 * ldb : B + j0, ldb, beta, C + j0, ldc);
     });
     return;
   }

@@ -65,6 +65,7 @@ struct FewRowsAvx512 {
     return _mm512_maskz_permutexvar_ps(Mask(0xFFFF), lane, v);
   }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static constexpr int kBRows = 8, kBCols = 3;  // RowBroadcast's tile: 24 accumulators
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static void store(float* p, Mask m, Reg v) { _mm512_mask_storeu_ps(p, m, v); }
   template <int J>
@@ -112,6 +113,7 @@ struct FewRowsAvx2 {
     return _mm256_permutevar8x32_ps(v, lane);
   }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
+  static constexpr int kBRows = 4, kBCols = 2;  // RowBroadcast's tile: 8 accumulators
   static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
   // (vmaskmovps stores are slow on AMD: a whole row of a tile by plain stores)
   static void store(float* p, Mask m, Reg v) { _mm256_maskstore_ps(p, m, v); }
@@ -222,6 +224,82 @@ struct FewRows {
       for (int64_t r0 = 0; r0 < M; r0 += V::kRows)
         rows_of(static_cast<int>(std::min<int64_t>(V::kRows, M - r0)), std::min(kBlock, n - j0), K,
                 alpha, A + r0 * lda, lda, B + j0 * ldb, ldb, beta, C + r0 * ldc + j0, ldc);
+  }
+};
+
+// C = alpha op(A) B + beta C with B [K, n] row-major as stored, each row of C a sum over k of
+// a(r, k) times B's row k: few rows of A (A [M, K]: the backward's dX'·W and dX'·R at a
+// small batch, where OpenBLAS packs all of W or R for a few rows) or a short K (A [K, M]
+// transposed: dX'ᵀ·x and dX'ᵀ·h of T·N <= 32 rows, where OpenBLAS's kernels ran at a fifth
+// of the FMA peak). Each element is one chain of FMAs in k order, whatever the tile or the
+// split of C among threads.
+template <class V>
+struct RowBroadcast {
+  using Reg = typename V::Reg;
+  static constexpr int kRows = V::kBRows, kCols = V::kBCols, kWidth = kCols * V::kLanes;
+
+  // Rows [0, R) and columns [0, jn) of C (jn <= kWidth); A's element (r, k) at A[r sr + k sk].
+  template <int R>
+  __attribute__((noinline)) static void tile(int64_t K, const float* A, int64_t sr, int64_t sk,
+                                             const float* B, int64_t ldb, float alpha, float beta,
+                                             float* C, int64_t ldc, int64_t jn) {
+    typename V::Mask m[kCols];
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j)
+      m[j] = V::first(std::clamp<int64_t>(jn - j * V::kLanes, 0, V::kLanes));
+    Reg acc[R][kCols];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[r][j] = V::zero();
+    for (int64_t k = 0; k < K; ++k) {
+      Reg b[kCols];
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) b[j] = V::load(m[j], B + k * ldb + j * V::kLanes);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const Reg a = V::set1(A[r * sr + k * sk]);
+#pragma GCC unroll 8
+        for (int j = 0; j < kCols; ++j) acc[r][j] = V::fma(a, b[j], acc[r][j]);
+      }
+    }
+    const Reg va = V::set1(alpha), vb = V::set1(beta);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) {
+        if (j * V::kLanes >= jn) break;
+        float* out = C + r * ldc + j * V::kLanes;
+        const Reg v = V::mul(va, acc[r][j]);
+        V::store(out, m[j], beta == 0.0f ? v : V::fma(vb, V::load(m[j], out), v));
+      }
+  }
+
+  template <int R = kRows>
+  static void tile_of(int rows, int64_t K, const float* A, int64_t sr, int64_t sk, const float* B,
+                      int64_t ldb, float alpha, float beta, float* C, int64_t ldc, int64_t jn) {
+    if constexpr (R > 1) {
+      if (rows < R) return tile_of<R - 1>(rows, K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
+    }
+    tile<R>(K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
+  }
+
+  static void gemm(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t sr,
+                   int64_t sk, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    for (int64_t j0 = 0; j0 < n; j0 += kWidth)
+      for (int64_t r0 = 0; r0 < M; r0 += kRows)
+        tile_of(static_cast<int>(std::min<int64_t>(kRows, M - r0)), K, A + r0 * sr, sr, sk, B + j0,
+                ldb, alpha, beta, C + r0 * ldc + j0, ldc, std::min<int64_t>(kWidth, n - j0));
+  }
+  // C [M, n] = alpha A [M, K] · B + beta C (FusedOps::gemm_nn).
+  static void gemm_nn(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    gemm(M, n, K, alpha, A, lda, 1, B, ldb, beta, C, ldc);
+  }
+  // C [M, n] = alpha A [K, M]ᵀ · B + beta C (FusedOps::gemm_tn).
+  static void gemm_tn(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    gemm(M, n, K, alpha, A, 1, lda, B, ldb, beta, C, ldc);
   }
 };
 

@@ -43,9 +43,17 @@ FusedOps<T> ops() {
     o.tile_gemm = &Bf16Gemm::gemm;
 #endif
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows<FewRowsAvx512>::gemm_nt;
+  if constexpr (std::is_same_v<T, float>) {
+    o.gemm_nt = &FewRows<FewRowsAvx512>::gemm_nt;
+    o.gemm_nn = &RowBroadcast<FewRowsAvx512>::gemm_nn;
+    o.gemm_tn = &RowBroadcast<FewRowsAvx512>::gemm_tn;
+  }
 #elif defined(__AVX2__) && defined(__FMA__)
-  if constexpr (std::is_same_v<T, float>) o.gemm_nt = &FewRows<FewRowsAvx2>::gemm_nt;
+  if constexpr (std::is_same_v<T, float>) {
+    o.gemm_nt = &FewRows<FewRowsAvx2>::gemm_nt;
+    o.gemm_nn = &RowBroadcast<FewRowsAvx2>::gemm_nn;
+    o.gemm_tn = &RowBroadcast<FewRowsAvx2>::gemm_tn;
+  }
 #endif
 #if RNNCORE_FUSED_AMX
   if constexpr (std::is_same_v<T, float>) {
