@@ -116,6 +116,30 @@ def torch_run(module, mode, x, h0, c0, with_init, rng):
 def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with_init, dtype):
     skip_unsupported(device, dtype)
     skip_unrounded_reference(mode, dtype)
+    compare_with_torch(rng, device, mode, size, direction, with_init, dtype, gradient_tol(dtype))
+
+
+# Gradients of a few rows in all (T·N <= 32) at layer sizes, where the CPU's GEMMs of few rows
+# (dX'·W, dX'·R) and of a short K (dX'ᵀ·x, dX'ᵀ·h) read the weights as stored: H = 150 (300
+# for the single-gate RNN), I = 230, so that the GEMMs pass the kernels' threshold of 2^16
+# elements. float32 (float16 storage runs the same float32 GEMMs; against an unrounded
+# reference its input rounding alone reaches 5e-2 at these sizes). Measured at most 6.5e-7.
+FEW_ROWS = ((1, 2), (1, 8), (2, 3), (4, 2), (1, 16), (4, 8))
+FEW_ROWS_TOL = 3e-6
+
+
+@pytest.mark.parametrize("direction", ("uni", "bi"))
+@pytest.mark.parametrize("steps_batch", FEW_ROWS, ids=lambda s: f"T{s[0]}N{s[1]}")
+@pytest.mark.parametrize("mode", MODES)
+def test_few_rows_gradients_at_layer_sizes_match_torch(rng, mode, steps_batch, direction):
+    T, N = steps_batch
+    size = (T, N, 230, 300 if mode.startswith("rnn") else 150)
+    compare_with_torch(rng, "cpu", mode, size, direction, True, np.float32, FEW_ROWS_TOL)
+
+
+def compare_with_torch(rng, device, mode, size, direction, with_init, dtype, tol):
+    """rnncore's gradients (and the forward they come from) against PyTorch's autograd in
+    float64 on the same float32-representable layer and cotangents."""
     bidirectional = direction == "bi"
     module, params, (kind, desc, weights), x, h0, c0 = make_layer(mode, size, direction, rng)
     # A reverse layer is PyTorch's on the flipped sequence (outputs in processing order).
@@ -136,8 +160,7 @@ def test_gradients_match_torch_autograd(rng, device, mode, size, direction, with
         cot["cell_gradient"] = to_contract_state(ref["dcn"]).astype(dtype)
     grads, fwd = run_gradients(rnncore, kind, inputs, desc, cot, device=device)
 
-    tol = gradient_tol(dtype)
-    what = f"{mode} {direction} init={with_init} {np.dtype(dtype).name}"
+    what = f"{mode} {direction} init={with_init} {np.dtype(dtype).name} size {size}"
     # The forward run the gradients come from is PyTorch's too.
     assert_rel_close(fwd.state, ref["y"], 10 * tol, f"{what}: forward output")
 
