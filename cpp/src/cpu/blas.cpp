@@ -100,13 +100,12 @@ constexpr int64_t kFewRows = 4, kLargeB = int64_t(1) << 16;
 // 3.3 ms against 5.5. One row stays with the BLAS's GEMV. Likewise A·B of 2 to 32 rows
 // (gemm_nn: the backward's dX'·W and dX'·R at a small batch) and AᵀB over at most 32 k
 // (gemm_tn: dW and dR of T·N <= 32 rows, where OpenBLAS ran at a fifth of the FMA peak).
-constexpr int64_t kFewRowsNT = 32, kShortK = 32;
 template <class T>
 auto own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
   const auto& ops = fused_kernels().ops<T>();
   using F = decltype(ops.gemm_nt);
   if (K == 0) return F(nullptr);
-  const bool few_rows = M >= 2 && M <= kFewRowsNT && N * K >= kLargeB;
+  const bool few_rows = M >= 2 && M <= kFewRows32 && N * K >= kLargeB;
   if (!ta && tb) return few_rows ? ops.gemm_nt : nullptr;
   if (!ta && !tb) return few_rows ? ops.gemm_nn : nullptr;
   if (ta && !tb) return K <= kShortK && M * N >= kLargeB ? ops.gemm_tn : nullptr;

@@ -13,6 +13,10 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
+// The shapes the kernels' own GEMMs take where they exist (blas.cpp): a few rows of A (2 to
+// kFewRows32 of them, with NT or NN), or a short K (up to kShortK, with TN).
+constexpr int64_t kFewRows32 = 32, kShortK = 32;
+
 // How parallel_gemm splits C: `parts` blocks of rows (by_rows) or columns, part i starting
 // at begin(i). A function of the shape alone, never of the threads: BLAS may sum a block
 // in another order (another kernel) when its size changes, so the split must not change

@@ -11,6 +11,7 @@
 #include "cpu/blas.hpp"
 #include "cpu/directions.hpp"
 #include "cpu/fused.hpp"
+#include "cpu/narrow.hpp"
 #include "cpu/thread_pool.hpp"
 
 namespace rnncore::cpu {
@@ -77,13 +78,33 @@ void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_
 // The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
 // storage, with the operands rounded to bfloat16 where the CPU multiplies bfloat16 (AMX tiles
 // or vdpbf16ps: FusedOps::tile_gemm), else parallel_gemm.
+// A few rows of A or a short K (blas.hpp's kFewRows32, kShortK): the float32 GEMM on the
+// operands rounded to bfloat16, the same products as the tiles' (exact in float32) summed in
+// float32, where the tiles' blocks of 32 would be mostly padding (T=1 N=1 GRU gradients: 32
+// times the multiplications, and their packing, for K = 1). B of a few rows' product is W or
+// R, already bfloat16.
 template <class T>
 void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
     const auto tiles = fused_kernels().f32.tile_gemm;
-    if (p.storage == DType::BFloat16 && tiles)
-      return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
+    if (p.storage == DType::BFloat16 && tiles) {
+      if (!(trans_a ? K <= kShortK : M <= kFewRows32))
+        return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
+      const auto rounded = [](const float* src, int64_t rows, int64_t cols, int64_t ld) {
+        std::vector<float> out(static_cast<size_t>(rows * cols));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            out[r * cols + c] = bfloat16_to_float(float_to_bfloat16(src[r * ld + c]));
+        return out;
+      };
+      const std::vector<float> a = rounded(A, trans_a ? K : M, trans_a ? M : K, lda);
+      if (!trans_a)
+        return parallel_gemm<float>(false, false, M, n, K, 1.0f, a.data(), K, B, ldb, 0.0f, C, ldc);
+      const std::vector<float> b = rounded(B, K, n, ldb);
+      return parallel_gemm<float>(true, false, M, n, K, 1.0f, a.data(), M, b.data(), n, 0.0f, C,
+                                  ldc);
+    }
   }
   parallel_gemm<T>(trans_a, false, M, n, K, T(1), A, lda, B, ldb, T(0), C, ldc);
 }
