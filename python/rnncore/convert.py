@@ -142,7 +142,7 @@ def weights_from_torch(kind: str, directions: Sequence[Mapping]) -> dict:
 
 
 def _one_direction(kind: str, d: Mapping) -> dict:
-    """weights_from_torch of one direction's numpy arrays."""
+    """weights_from_torch of one direction's numpy arrays (rnncore.torch's layer calls)."""
     c = np.ascontiguousarray
     weights = {"input_weight": c(d["weight_ih"]), "recurrent_weight": c(d["weight_hh"])}
     b_ih, b_hh = d.get("bias_ih"), d.get("bias_hh")

@@ -28,7 +28,13 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import rnncore
-from rnncore.convert import TORCH_PARAMETERS, gradients_to_torch, torch_suffix, weights_from_torch
+from rnncore.convert import (
+    TORCH_PARAMETERS,
+    _one_direction,
+    gradients_to_torch,
+    torch_suffix,
+    weights_from_torch,
+)
 from rnncore.nn import layer_forward, layer_gradients
 
 __all__ = ["GRU", "LSTM", "RNN"]
@@ -199,6 +205,8 @@ class _Spec:
 
     def arrays(self, params):
         """The layer's parameters as the operation's arrays (rnncore.convert)."""
+        if self.D == 1:  # (weights_from_torch's mapping and checks: 2 us of a T=1 call)
+            return _one_direction(self.kind, dict(zip(TORCH_PARAMETERS, params)))
         return weights_from_torch(self.kind, self._directions(params))
 
     def parameter_gradients(self, g):
@@ -274,13 +282,17 @@ class _Module:
             args = (x, self._layer_state(h0, layer), self._layer_state(c0, layer), *p)
             if grad:
                 out = _Layer.apply(spec, (self, layer), *args)
-            else:  # inference: no training state, no graph
-                saved = _run(spec, args[0], args[1], args[2], p, False, (self, layer))
-                out = _outputs(spec, saved[3])
-            y, cells = out if self._kind == "lstm" else (out, None)
-            h_n += self._finals(y, D, H, lengths)
-            if cells is not None:
-                c_n += self._finals(cells, D, H, lengths)
+                y, cells = out if self._kind == "lstm" else (out, None)
+                h_n += self._finals(y, D, H, lengths)
+                if cells is not None:
+                    c_n += self._finals(cells, D, H, lengths)
+            else:  # inference: no training state, no graph; the finals sliced in numpy
+                result = _run(spec, args[0], args[1], args[2], p, False, (self, layer))[3]
+                out = _outputs(spec, result)
+                y, cells = out if self._kind == "lstm" else (out, None)
+                h_n += self._finals(result.state, D, H, lengths)
+                if cells is not None:
+                    c_n += self._finals(result.cell, D, H, lengths)
             x = y
             if self.dropout and self.training and layer < L - 1:
                 x = torch.nn.functional.dropout(x, self.dropout, training=True)
@@ -288,22 +300,32 @@ class _Module:
             output = self._pack_as(x, packed)
         else:
             output = x.squeeze(1) if unbatched else (x.transpose(0, 1) if self.batch_first else x)
-        h_n = torch.stack(h_n)
+        h_n = self._stack(h_n)
         if unbatched:
             h_n = h_n.squeeze(1)
         if self._kind == "lstm":
-            c_n = torch.stack(c_n)
+            c_n = self._stack(c_n)
             return output, (h_n, c_n.squeeze(1) if unbatched else c_n)
         return output, h_n
 
     @staticmethod
+    def _stack(finals):
+        """torch.stack of the finals: tensors (in autograd's graph), or numpy arrays at
+        inference (stacked by numpy: torch's slicing and stacking cost a T=1 call 5 us)."""
+        if isinstance(finals[0], torch.Tensor):
+            return torch.stack(finals)
+        return _tensor(np.stack(finals))
+
+    @staticmethod
     def _finals(y, D, H, lengths=None):
-        """The final state of each direction: y[T-1, :, :H] (each row's last step with
-        lengths), and y[0, :, H:] backwards."""
+        """The final state of each direction (y a tensor or a numpy array): y[T-1, :, :H]
+        (each row's last step with lengths), and y[0, :, H:] backwards."""
         if lengths is None:
             last = y[-1, :, :H]
-        else:  # packed rows have lengths >= 1 (torch refuses empty ones)
+        elif isinstance(y, torch.Tensor):  # packed rows have lengths >= 1 (torch refuses 0)
             last = y[torch.from_numpy(lengths - 1), torch.arange(y.shape[1]), :H]
+        else:
+            last = y[lengths - 1, np.arange(y.shape[1]), :H]
         return [last] + ([y[0, :, H:]] if D == 2 else [])
 
     @staticmethod
