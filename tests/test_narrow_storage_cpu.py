@@ -179,6 +179,30 @@ def test_bfloat16_dot_products(name, bidirectional, training):
 
 
 @pytest.mark.skipif(not BFLOAT16_DOT, reason="the vdpbf16ps variants only")
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("name", sorted(DESCRIPTORS))
+def test_bfloat16_few_rows_multiply_as_the_fused_kernels_do(name, training):
+    """A bfloat16 call of a few rows in all (T <= 4 and T·N <= 16) reads R and W as stored,
+    a step at a time, in the fused kernels' arithmetic (h̃ rounded to bfloat16 for the product
+    in inference, split in two in a training forward; exact products, float32 sums). Its
+    outputs against the first steps of a 9-step call (the fused kernels) on the same inputs:
+    only the order of the float32 sums differs, so outputs differ rarely, by a unit or so in
+    the last place (measured: at most 0.2% of them, by up to 3 units, in pre-activations near
+    zero); with h̃ left in float32 for the product in inference, 4-18% of them differ."""
+    op, desc = descriptor(name, False)
+    desc.training = training
+    for T, N, I, H in [(2, 1, 160, 256), (4, 1, 33, 31), (3, 4, 64, 64), (1, 8, 256, 256)]:  # noqa: E741
+        long = inputs(op, np.random.default_rng(T + N + H), 9, N, I, H, 1, ml_dtypes.bfloat16)
+        got = forward(op, desc, dict(long, source=long["source"][:T]))
+        want = forward(op, desc, long)
+        for a, b in zip(got, want):
+            a, b = a.astype(np.float32), b[:T].astype(np.float32)
+            ulp = np.spacing(np.abs(b).astype(ml_dtypes.bfloat16)).astype(np.float32)
+            ulps = np.abs(a - b) / ulp
+            assert ulps.max() <= 3 and (ulps > 0).mean() <= 0.01, (T, N, H, ulps.max())
+
+
+@pytest.mark.skipif(not BFLOAT16_DOT, reason="the vdpbf16ps variants only")
 def test_bfloat16_lstm_inference_writes_its_outputs_in_bfloat16():
     """A bfloat16 LSTM inference on pairs with an even H writes its state and cell outputs in
     bfloat16 in the steps, and an unmasked step takes the previous step's output rows as its

@@ -254,7 +254,22 @@ Tensor broadcast_mask(const Problem& p, const detail::ForwardArrays& a) {
   return out;
 }
 
-void project(const Problem& p, const void* source, const void* W, const void* bias, void* xp) {
+// W_bits: float16 or bfloat16 storage's W as the caller gave it (W then null), read as stored.
+void project(const Problem& p, const void* source, const void* W, const void* bias, void* xp,
+             const uint16_t* W_bits = nullptr, bool W_bfloat16 = false) {
+  if (p.has_input_weight && !W) {
+    const int64_t rows = p.T * p.N, cols = p.D * p.gh();
+    float* out = static_cast<float*>(xp);
+    for (int64_t r = 0; r < rows; ++r)
+      if (bias)
+        std::memcpy(out + r * cols, bias, static_cast<size_t>(cols) * sizeof(float));
+      else
+        std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
+    if (p.I > 0)
+      parallel_gemm_nt_bits(W_bfloat16, rows, cols, p.I, 1.0f, static_cast<const float*>(source),
+                            p.I, W_bits, p.I, 1.0f, out, cols);
+    return;
+  }
   if (p.dtype == DType::Float32)
     project_impl(p, static_cast<const float*>(source), p.I, static_cast<const float*>(W),
                  static_cast<const float*>(bias), static_cast<float*>(xp));
@@ -383,7 +398,8 @@ void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR
     xp = r16.projected;
   } else if (p.has_input_weight || p.has_bias) {
     xbuf = detail::cached_empty({p.T, p.N, dgh}, p.dtype);
-    project(p, in.source, in.input_weight, in.bias, xbuf.data());
+    project(p, in.source, in.input_weight, in.bias, xbuf.data(), r16.W_bits,
+            r16.dtype == DType::BFloat16);
     xp = xbuf.data();
   }
   Tensor mask = broadcast_mask(p, in);
@@ -608,7 +624,17 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   const FusedOps<float>& k = fused_kernels().f32;
   // bfloat16 on vdpbf16ps multiplies pairs, its own arithmetic: the fused kernels always.
   const bool dot = p.dtype == DType::BFloat16 && k.gemm_pairs;
-  const bool fused = !blas_path_forced() && (dot || !per_step_blas(q));
+  // A few rows in all (per_step_blas): the steps' products and the projection read R's and
+  // W's 16 bits as stored (no float32 copies of them made first: 35-50% of a T=1 N=1 call),
+  // where the float32 operation runs the same kernel on its arrays (own_gemm_nt), so that
+  // the outputs remain its own rounded once; bfloat16 on vdpbf16ps always, in the pairs'
+  // arithmetic (StepProduct).
+  const bool steps = !blas_path_forced() && per_step_blas(q) && gemm_nt_bits_available();
+  const int64_t R_cols = p.op == detail::OpKind::Gru && !p.gru.reset_after ? p.H : p.gh();
+  const bool R_stored = steps && (dot || own_gemm_nt(p.N, R_cols, p.H));
+  const bool W_stored =
+      steps && p.has_input_weight && p.I > 0 && (dot || own_gemm_nt(p.T * p.N, p.D * p.gh(), p.I));
+  const bool fused = !blas_path_forced() && !steps && (dot || !per_step_blas(q));
   // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
   // (fuse_projection; the source's rows as pairs: an even I).
   // So does one at batch 1 that fills x' itself (lazy_projection), except on AMX, whose
@@ -623,8 +649,8 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   // float16 filling x' itself at batch 1 packs W's float16 rows as they are (no float32 copy
   // of W made first: 7% of T=100 N=1 H=256 LSTM inference); its tiles widen them.
   const bool W_half = fused && p.dtype == DType::Float16 && k.narrow_panels && lazy_projection(q);
-  detail::ForwardArrays f =
-      widen_inputs(p, a, w, fused && k.narrow_panels, pairs || fused_pairs, W_half);
+  detail::ForwardArrays f = widen_inputs(p, a, w, (fused && k.narrow_panels) || R_stored,
+                                         pairs || fused_pairs, W_half || W_stored);
   Tensor projected;
   if (pairs) projected = project_pairs(p, a, f.bias);
   // An LSTM on pairs writes its outputs in bfloat16 itself: no float32 state, cell and
@@ -636,10 +662,10 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   f.state = bits_out ? nullptr : w.out(a.state, n.seq);
   f.cell = bits_out ? nullptr : w.out(a.cell, n.seq);
   f.z_state = bits_out ? nullptr : w.out(a.z_state, n.z);
-  NarrowR r16{static_cast<const uint16_t*>(a.recurrent_weight), p.dtype,
-              pairs ? projected.data() : nullptr,
-              fused_pairs ? static_cast<const uint16_t*>(a.source) : nullptr,
-              fused_pairs || W_half ? static_cast<const uint16_t*>(a.input_weight) : nullptr};
+  NarrowR r16{
+      static_cast<const uint16_t*>(a.recurrent_weight), p.dtype, pairs ? projected.data() : nullptr,
+      fused_pairs ? static_cast<const uint16_t*>(a.source) : nullptr,
+      fused_pairs || W_half || W_stored ? static_cast<const uint16_t*>(a.input_weight) : nullptr};
   if (bits_out) {
     r16.y_bits = static_cast<uint16_t*>(a.state);
     r16.c_bits = static_cast<uint16_t*>(a.cell);

@@ -91,13 +91,16 @@ void gemm_any(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
 
 }  // namespace
 
-constexpr int64_t kFewRows = 4, kLargeB = int64_t(1) << 16;
+constexpr int64_t kFewRows = 4;
 
 // A·Bᵀ of 2 to 32 rows of A against a large B by the kernels' gemm_nt, which reads B as
 // stored: OpenBLAS packs the whole of B for them (T=1 N=8 H=256 GRU: packing W for the
 // projection took 16% of the call). [M×256]·[768×256]ᵀ on one core, AVX-512: M = 8 30 us
 // against OpenBLAS's 126, 16 60 against 152, 32 120 against 210; [32×1024]·[4096×1024]ᵀ
-// 3.3 ms against 5.5. One row stays with the BLAS's GEMV. Likewise A·B of 2 to 32 rows
+// 3.3 ms against 5.5. Also one row: the per-step products of float16 and bfloat16 storage
+// read R and W in 16 bits by the same kernel (gemm_nt_half, gemm_nt_bfloat16), so that they
+// remain the float32 operation on the widened arrays, bit for bit (OpenBLAS's GEMV took as
+// long: H=256 GRU at T=1 N=1). Likewise A·B of 2 to 32 rows
 // (gemm_nn: the backward's dX'·W and dX'·R at a small batch) and AᵀB over at most 32 k
 // (gemm_tn: dW and dR of T·N <= 32 rows, where OpenBLAS ran at a fifth of the FMA peak).
 template <class T>
@@ -106,7 +109,7 @@ auto own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
   using F = decltype(ops.gemm_nt);
   if (K == 0) return F(nullptr);
   const bool few_rows = M >= 2 && M <= kFewRows32 && N * K >= kLargeB;
-  if (!ta && tb) return few_rows ? ops.gemm_nt : nullptr;
+  if (!ta && tb) return own_gemm_nt(M, N, K) ? ops.gemm_nt : nullptr;
   if (!ta && !tb) return few_rows ? ops.gemm_nn : nullptr;
   if (ta && !tb) return K <= kShortK && M * N >= kLargeB ? ops.gemm_tn : nullptr;
   return F(nullptr);
@@ -168,7 +171,7 @@ void parallel_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
     // Columns split among the threads: each core reads its share of B (which then stays in
     // its L2 from call to call). Free to follow the threads: the bits do not depend on it.
     ThreadPool& pool = ThreadPool::instance();
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.available(), N / 64));
+    const int64_t parts = own_gemm_parts(M, N, K, pool.available());
     pool.parallel_for(parts, [&](int64_t part) {
       const auto begin = [&](int64_t i) { return i == parts ? N : N * i / parts / 16 * 16; };
       const int64_t j0 = begin(part), j1 = begin(part + 1);

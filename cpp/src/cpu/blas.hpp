@@ -15,7 +15,22 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 
 // The shapes the kernels' own GEMMs take where they exist (blas.cpp): a few rows of A (2 to
 // kFewRows32 of them, with NT or NN), or a short K (up to kShortK, with TN).
-constexpr int64_t kFewRows32 = 32, kShortK = 32;
+constexpr int64_t kFewRows32 = 32, kShortK = 32, kLargeB = int64_t(1) << 16;
+
+// Whether the kernels' own gemm_nt takes A [M, K] · B [N, K]ᵀ: 1 to kFewRows32 rows against a
+// B of kLargeB elements or more (smaller products are the BLAS's).
+inline bool own_gemm_nt(int64_t M, int64_t N, int64_t K) {
+  return M >= 1 && M <= kFewRows32 && N * K >= kLargeB;
+}
+
+// How many blocks of columns (of 64 and more) the threads share of those GEMMs: none below
+// 2^17 multiply-adds, whose few us on the caller cost less than waking a thread (a GRU of
+// H = 128 at T=1 N=1: 13 against 10 us a call).
+inline int64_t own_gemm_parts(int64_t M, int64_t N, int64_t K, int64_t threads) {
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  if (work < double(int64_t(1) << 17)) return 1;
+  return std::max<int64_t>(1, std::min<int64_t>(threads, N / 64));
+}
 
 // How parallel_gemm splits C: `parts` blocks of rows (by_rows) or columns, part i starting
 // at begin(i). A function of the shape alone, never of the threads: BLAS may sum a block

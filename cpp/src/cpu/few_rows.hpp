@@ -2,16 +2,26 @@
 // (A[r, :] · B[j, :]) + beta C[r, j], B row-major [n, K]. The products that BLAS would pack
 // the whole of B for (an input projection of T·N <= 32 rows, a step's product with R at a
 // small batch): B is read once per tile of rows, as stored. Compiled into the AVX2 and
-// AVX-512 variants of fused_isa.cpp.
+// AVX-512 variants of fused_isa.cpp. B may also be float16 or bfloat16 storage's bits,
+// widened as read (exactly): the bits of the float32 product on B widened beforehand.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace rnncore::cpu {
 namespace {
+
+// B's element types besides float: float16 and bfloat16 bits.
+struct HalfBits {
+  uint16_t bits;
+};
+struct BFloatBits {
+  uint16_t bits;
+};
 
 #if defined(__AVX512F__)
 // 16 lanes, 16 accumulators a tile, up to 4 rows (4 × 4: 0.88-0.90 of the FMA peak from
@@ -24,6 +34,17 @@ struct FewRowsAvx512 {
   static Mask first(int64_t count) { return Mask((1u << count) - 1); }
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg load(Mask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static Reg load_full(const float* p) { return _mm512_loadu_ps(p); }
+  static __m256i bits16(Mask m, const void* p) { return _mm256_maskz_loadu_epi16(m, p); }
+  static Reg load(Mask m, const HalfBits* p) { return _mm512_maskz_cvtph_ps(full(), bits16(m, p)); }
+  static Reg load(Mask m, const BFloatBits* p) {
+    return _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(full(), _mm512_maskz_cvtepu16_epi32(full(), bits16(m, p)), 16));
+  }
+  template <class E>
+  static Reg load_full(const E* p) {
+    return load(full(), p);
+  }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static void pin(Reg& r) { asm("" : "+v"(r)); }
   // (maskz: the unmasked forms' undefined pass-through trips GCC's uninitialised warning)
@@ -88,6 +109,23 @@ struct FewRowsAvx2 {
   }
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg load(Mask m, const float* p) { return _mm256_maskload_ps(p, m); }
+  static Reg load_full(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg widen(__m128i v, const HalfBits*) { return _mm256_cvtph_ps(v); }
+  static Reg widen(__m128i v, const BFloatBits*) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  }
+  template <class E>
+  static Reg load_full(const E* p) {
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), p);
+  }
+  // A tail of 16-bit elements (no masked 16-bit loads here): the lanes m selects, copied.
+  template <class E>
+  static Reg load(Mask m, const E* p) {
+    const int count = __builtin_popcount(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+    uint16_t v[8] = {};
+    std::memcpy(v, p, static_cast<size_t>(count) * sizeof(E));
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)), p);
+  }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static void pin(Reg& r) { asm("" : "+x"(r)); }
   // accumulator a's sum in lane (a % 2) 4 + a / 2; lanes l + (l+4), then l + (l+2), then
@@ -131,7 +169,7 @@ struct FewRowsAvx2 {
 };
 #endif
 
-template <class V>
+template <class V, class E = float>
 struct FewRows {
   // Each dot product is V::kLanes lane sums over k (k in lane k mod kLanes, FMAs in k
   // order), then reduced by a fixed tree (V::reduce): the same order for every element
@@ -144,14 +182,14 @@ struct FewRows {
     return M == 1 ? kAcc : kAcc / M;
   }
 
-  // acc[r J + j] += A[r, k:k+lanes] * B_j[k:k+lanes], the lanes past m's zero.
-  template <int M, int J>
+  // acc[r J + j] += A[r, k:k+lanes] * B_j[k:k+lanes], the lanes past m's zero (Tail).
+  template <int M, int J, bool Tail>
   __attribute__((always_inline)) static inline void chunk(Reg* acc, const float* A, int64_t lda,
-                                                          const float* const* b, int64_t k,
+                                                          const E* const* b, int64_t k,
                                                           typename V::Mask m) {
     Reg bv[J], av[M];
 #pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) bv[j] = V::load(m, b[j] + k);
+    for (int j = 0; j < J; ++j) bv[j] = Tail ? V::load(m, b[j] + k) : V::load_full(b[j] + k);
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) {
       av[r] = V::load(m, A + r * lda + k);
@@ -170,15 +208,15 @@ struct FewRows {
   // stack and read back a float at a time, they stalled store forwarding).
   template <int M, int J>
   __attribute__((noinline)) static void tile(int64_t K, const float* A, int64_t lda,
-                                             const float* const* b, float alpha, float beta,
-                                             float* C, int64_t ldc, int jn) {
+                                             const E* const* b, float alpha, float beta, float* C,
+                                             int64_t ldc, int jn) {
     static_assert(M * J <= kAcc);
     Reg acc[kAcc];
 #pragma GCC unroll 16
     for (int i = 0; i < kAcc; ++i) acc[i] = V::zero();
     int64_t k = 0;
-    for (; k + V::kLanes <= K; k += V::kLanes) chunk<M, J>(acc, A, lda, b, k, V::full());
-    if (k < K) chunk<M, J>(acc, A, lda, b, k, V::first(K - k));
+    for (; k + V::kLanes <= K; k += V::kLanes) chunk<M, J, false>(acc, A, lda, b, k, V::full());
+    if (k < K) chunk<M, J, true>(acc, A, lda, b, k, V::first(K - k));
     const Reg v = V::mul(V::set1(alpha), V::reduce(acc));
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) {
@@ -194,10 +232,10 @@ struct FewRows {
   }
 
   template <int M>
-  static void rows(int64_t n, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+  static void rows(int64_t n, int64_t K, float alpha, const float* A, int64_t lda, const E* B,
                    int64_t ldb, float beta, float* C, int64_t ldc) {
     constexpr int J = cols<M>();
-    const float* b[J];
+    const E* b[J];
     for (int64_t j0 = 0; j0 < n; j0 += J) {
       const int jn = static_cast<int>(std::min<int64_t>(J, n - j0));
       // (past n: the last row again, its sums not stored)
@@ -208,7 +246,7 @@ struct FewRows {
 
   template <int M = V::kRows>
   static void rows_of(int m, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                      const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     if constexpr (M > 1) {
       if (m < M) return rows_of<M - 1>(m, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
@@ -218,12 +256,19 @@ struct FewRows {
   // The entry (FusedOps::gemm_nt): every M, by tiles of up to kRows rows, each block of 64
   // rows of B read from memory once for all of them (then from L2).
   static void gemm_nt(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                      const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     constexpr int64_t kBlock = 64;
     for (int64_t j0 = 0; j0 < n; j0 += kBlock)
       for (int64_t r0 = 0; r0 < M; r0 += V::kRows)
         rows_of(static_cast<int>(std::min<int64_t>(V::kRows, M - r0)), std::min(kBlock, n - j0), K,
                 alpha, A + r0 * lda, lda, B + j0 * ldb, ldb, beta, C + r0 * ldc + j0, ldc);
+  }
+  // gemm_nt on 16-bit B (FusedOps::gemm_nt_half, gemm_nt_bfloat16), any M from 1.
+  static void gemm_nt_bits(int64_t M, int64_t n, int64_t K, float alpha, const float* A,
+                           int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                           int64_t ldc) {
+    static_assert(sizeof(E) == sizeof(uint16_t));
+    gemm_nt(M, n, K, alpha, A, lda, reinterpret_cast<const E*>(B), ldb, beta, C, ldc);
   }
 };
 

@@ -83,6 +83,12 @@ struct FusedOps {
   // Each element's bits depend on K alone, not on M, n or a split of C.
   void (*gemm_nt)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
                   int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  // gemm_nt with B float16 or bfloat16 storage's bits, widened as read: the bits gemm_nt
+  // gives on B widened first, for every M from 1 (null without gemm_nt).
+  void (*gemm_nt_half)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                       const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  void (*gemm_nt_bfloat16)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                           const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
   // C[M, n] = alpha op(A) · B + beta C, B [K, n] read as stored, op(A) = A [M, K] (gemm_nn:
   // a few rows) or A [K, M]ᵀ (gemm_tn: a short K); each element one chain of FMAs in k order,
   // the same bits for any split of C (few_rows.hpp's RowBroadcast; null: the BLAS).

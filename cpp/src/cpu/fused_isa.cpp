@@ -45,12 +45,16 @@ FusedOps<T> ops() {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     o.gemm_nt = &FewRows<FewRowsAvx512>::gemm_nt;
+    o.gemm_nt_half = &FewRows<FewRowsAvx512, HalfBits>::gemm_nt_bits;
+    o.gemm_nt_bfloat16 = &FewRows<FewRowsAvx512, BFloatBits>::gemm_nt_bits;
     o.gemm_nn = &RowBroadcast<FewRowsAvx512>::gemm_nn;
     o.gemm_tn = &RowBroadcast<FewRowsAvx512>::gemm_tn;
   }
 #elif defined(__AVX2__) && defined(__FMA__)
   if constexpr (std::is_same_v<T, float>) {
     o.gemm_nt = &FewRows<FewRowsAvx2>::gemm_nt;
+    o.gemm_nt_half = &FewRows<FewRowsAvx2, HalfBits>::gemm_nt_bits;
+    o.gemm_nt_bfloat16 = &FewRows<FewRowsAvx2, BFloatBits>::gemm_nt_bits;
     o.gemm_nn = &RowBroadcast<FewRowsAvx2>::gemm_nn;
     o.gemm_tn = &RowBroadcast<FewRowsAvx2>::gemm_tn;
   }

@@ -15,8 +15,7 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
   T* hm = ws.take(N * H);
   T* rh = ws.take(N * H);
   T* acc = ws.take(N * G3);
-  const T* R = static_cast<const T*>(a.R);
-  const T* Ro = R + 2 * H * H;  // the candidate block is last in both gate orders
+  StepProduct<T> product(p, a);
   const T* b2 = static_cast<const T*>(a.b2);
   const int64_t zo = p.gru_z * H, ro = p.gru_r * H, oo = 2 * H;
   const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r], act_o = p.gate_act[2];
@@ -28,7 +27,7 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
     const Rows<const T> hprev = previous<T>(a, s, T_, N, zeros, H);
     const Rows<const T> h = masked(a, hprev, N, H, hm);
     // z and r are the first two blocks in either order.
-    recurrent_product(h, N, H, R, p.gru.reset_after ? G3 : 2 * H, acc, G3);
+    product(h, N, 0, p.gru.reset_after ? G3 : 2 * H, acc, G3);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * G3;
       const T* xr = x + n * a.xp_ld;
@@ -43,7 +42,8 @@ void gru_forward(const Problem& p, const DirectionForward& a) {
         for (int64_t j = 0; j < H; ++j) u[j] = r[j] * hr[j];
       }
     }
-    if (!p.gru.reset_after) recurrent_product(Rows<const T>{rh, H}, N, H, Ro, H, acc + oo, G3);
+    // (the candidate block is last in both gate orders)
+    if (!p.gru.reset_after) product(Rows<const T>{rh, H}, N, 2 * H, H, acc + oo, G3);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * G3;
       const T* xr = x + n * a.xp_ld;

@@ -17,7 +17,7 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
   T* acc = ws.take(N * G4);
   T* phi = ws.take(H);
   T* cbuf[2] = {ws.take(N * H), ws.take(N * H)};
-  const T* R = static_cast<const T*>(a.R);
+  StepProduct<T> product(p, a);
   const T* P = static_cast<const T*>(a.peephole);
   Rows<const T> cprev =
       a.c0 ? Rows<const T>{static_cast<const T*>(a.c0), a.c0_ld} : Rows<const T>{zeros, H};
@@ -28,8 +28,7 @@ void lstm_forward(const Problem& p, const DirectionForward& a) {
     T* z = a.z ? static_cast<T*>(a.z) + tout * N * a.z_ld : nullptr;
     Rows<T> c =
         a.c ? Rows<T>{static_cast<T*>(a.c) + tout * N * a.c_ld, a.c_ld} : Rows<T>{cbuf[s & 1], H};
-    recurrent_product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, H, R, G4, acc,
-                      G4);
+    product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, 0, G4, acc, G4);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * G4;
       const T* xr = x + n * a.xp_ld;

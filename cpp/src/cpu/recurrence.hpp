@@ -67,13 +67,80 @@ Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int6
   return {out, H};
 }
 
-// acc[N, rows] = h[N, H] * R[rows, H]^T: the recurrent product, through BLAS (split as
-// parallel_gemm splits it, whichever threads run the parts).
-template <class T>
-void recurrent_product(Rows<const T> h, int64_t N, int64_t H, const T* R, int64_t rows, T* acc,
-                       int64_t acc_ld) {
-  parallel_gemm<T>(false, true, N, rows, H, T(1), h.data, h.ld, R, H, T(0), acc, acc_ld);
+// C[M, n] = alpha A · Bᵀ + beta C for B [n, K] in float16 or bfloat16 storage's bits, read
+// as stored (FusedOps::gemm_nt_half, gemm_nt_bfloat16: the bits of the float32 product on B
+// widened first), C's columns split among the threads as parallel_gemm splits its own.
+inline void parallel_gemm_nt_bits(bool bfloat16, int64_t M, int64_t n, int64_t K, float alpha,
+                                  const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                                  float beta, float* C, int64_t ldc) {
+  const FusedOps<float>& k = fused_kernels().f32;
+  const auto f = bfloat16 ? k.gemm_nt_bfloat16 : k.gemm_nt_half;
+  ThreadPool& pool = ThreadPool::instance();
+  const int64_t parts = own_gemm_parts(M, n, K, pool.available());
+  pool.parallel_for(parts, [&](int64_t part) {
+    const auto begin = [&](int64_t i) { return i == parts ? n : n * i / parts / 16 * 16; };
+    const int64_t j0 = begin(part), j1 = begin(part + 1);
+    f(M, j1 - j0, K, alpha, A, lda, B + j0 * ldb, ldb, beta, C + j0, ldc);
+  });
 }
+
+// Whether the kernels read float16 and bfloat16 storage's B as stored (AVX2 or AVX-512).
+inline bool gemm_nt_bits_available() { return fused_kernels().f32.gemm_nt_half != nullptr; }
+
+// The recurrent product of one direction's steps, acc[N, rows] = h̃[N, H] · R[row0 + rows, H]ᵀ:
+// through BLAS (split as parallel_gemm splits it, whichever threads run the parts), or on
+// float16 / bfloat16 storage's R as stored (R_narrow, when R has no float32 copy;
+// parallel_gemm_nt_bits). Where the fused kernels multiply bfloat16 pairs (vdpbf16ps), in
+// their arithmetic: h̃ rounded to bfloat16 in inference and split into hi + lo in a training
+// forward (fused_kernels.hpp), the products then exact in float32 and the sums float32.
+template <class T>
+class StepProduct {
+ public:
+  StepProduct(const Problem& p, const DirectionForward& a)
+      : H_(p.H),
+        R_(static_cast<const T*>(a.R)),
+        bits_(a.R ? nullptr : a.R_narrow),
+        bfloat16_(a.R_bfloat16) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bits_ && bfloat16_ && fused_kernels().f32.gemm_pairs) {
+        split_ = a.z || a.z_bits;
+        rounded_.resize(static_cast<size_t>((split_ ? 2 : 1) * p.N * p.H));
+      }
+    }
+  }
+  void operator()(Rows<const T> h, int64_t N, int64_t row0, int64_t rows, T* acc, int64_t acc_ld) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (bits_) {
+        const uint16_t* B = bits_ + row0 * H_;
+        if (rounded_.empty())
+          return parallel_gemm_nt_bits(bfloat16_, N, rows, H_, 1.0f, h.data, h.ld, B, H_, 0.0f, acc,
+                                       acc_ld);
+        float* hi = rounded_.data();
+        float* lo = hi + N * H_;
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t j = 0; j < H_; ++j) {
+            const float v = h.row(n)[j];
+            const float r = bfloat16_to_float(float_to_bfloat16(v));
+            hi[n * H_ + j] = r;
+            if (split_) lo[n * H_ + j] = bfloat16_to_float(float_to_bfloat16(v - r));
+          }
+        parallel_gemm_nt_bits(true, N, rows, H_, 1.0f, hi, H_, B, H_, 0.0f, acc, acc_ld);
+        if (split_)
+          parallel_gemm_nt_bits(true, N, rows, H_, 1.0f, lo, H_, B, H_, 1.0f, acc, acc_ld);
+        return;
+      }
+    }
+    parallel_gemm<T>(false, true, N, rows, H_, T(1), h.data, h.ld, R_ + row0 * H_, H_, T(0), acc,
+                     acc_ld);
+  }
+
+ private:
+  int64_t H_;
+  const T* R_;
+  const uint16_t* bits_;
+  bool bfloat16_, split_ = false;
+  std::vector<float> rounded_;  // h̃ rounded to bfloat16 (hi), then lo when split
+};
 
 // The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
 // storage, with the operands rounded to bfloat16 where the CPU multiplies bfloat16 (AMX tiles

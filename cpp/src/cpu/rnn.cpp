@@ -13,13 +13,13 @@ void rnn_forward(const Problem& p, const DirectionForward& a) {
   T* zeros = ws.take(N * H);
   T* hm = ws.take(N * H);
   T* acc = ws.take(N * H);
-  const T* R = static_cast<const T*>(a.R);
+  StepProduct<T> product(p, a);
   for (int64_t s = 0; s < T_; ++s) {
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* x = static_cast<const T*>(a.xp) + tin * N * a.xp_ld;
     T* y = static_cast<T*>(a.y) + tout * N * a.y_ld;
     T* z = a.z ? static_cast<T*>(a.z) + tout * N * a.z_ld : nullptr;
-    recurrent_product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, H, R, H, acc, H);
+    product(masked(a, previous<T>(a, s, T_, N, zeros, H), N, H, hm), N, 0, H, acc, H);
     for (int64_t n = 0; n < N; ++n) {
       T* pre = acc + n * H;
       const T* xr = x + n * a.xp_ld;
