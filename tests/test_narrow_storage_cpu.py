@@ -279,16 +279,19 @@ def gradients_both_ways(name, bidirectional, shape, dtype, rng):
 @pytest.mark.parametrize("dtype", NARROW, ids=str)
 def test_gradients_are_the_float32_gradients_rounded_once(dtype):
     """The gradient op on 16-bit arrays: the float32 gradient op on the widened arrays, each
-    output rounded once."""
+    output rounded once. Also where the products of a few rows read R and W in 16 bits as
+    stored (batch 1, and at most 16 rows in all, against an R or a W of 64k elements: every
+    cell at H = 256, the LSTM's and the reset-after GRU's R and every W at H = 150)."""
     if BFLOAT16_DOT and dtype == np.dtype(ml_dtypes.bfloat16):
         pytest.skip("bfloat16 gradient GEMMs: test_bfloat16_gradient_gemms_round_their_operands")
     rng = np.random.default_rng(3)
     for name in sorted(DESCRIPTORS):
-        for a, b in gradients_both_ways(name, True, (6, 3, 5, 17), dtype, rng):
-            assert a.dtype == dtype
-            np.testing.assert_array_equal(
-                a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=name
-            )
+        for shape in [(6, 3, 5, 17), (2, 1, 160, 256), (3, 4, 300, 150)]:
+            for a, b in gradients_both_ways(name, True, shape, dtype, rng):
+                assert a.dtype == dtype
+                np.testing.assert_array_equal(
+                    a.view(np.uint16), b.astype(dtype).view(np.uint16), err_msg=f"{name} {shape}"
+                )
 
 
 @pytest.mark.skipif(not BFLOAT16_DOT, reason="the AVX-512 BF16 variants only")

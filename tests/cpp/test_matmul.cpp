@@ -139,38 +139,42 @@ TEST(GemmNT, MatchesTheFloat64ProductAndSplitsKeepTheBits) {
         for (float beta : {0.0f, 1.0f, 0.5f}) check_gemm(ops, Op::NT, M, n, K, beta);
 }
 
-// gemm_nt on float16 and bfloat16 storage's bits: the bits of gemm_nt on B widened first,
-// C's padding untouched; B's last row ends the allocation (a partial vector read past it
-// would show under ASan).
-TEST(GemmNTBits, GiveTheBitsOfTheWidenedProduct) {
+// gemm_nt and gemm_nn on float16 and bfloat16 storage's bits: the bits of gemm_nt and gemm_nn
+// on B widened first, C's padding untouched; B's last row ends the allocation (a partial
+// vector read past it would show under ASan).
+TEST(GemmBits, GiveTheBitsOfTheWidenedProduct) {
   const auto& ops = fused_kernels().f32;
   if (!ops.gemm_nt_half) GTEST_SKIP() << "no gemm_nt_half on " << fused_kernels().isa;
-  for (bool bf16 : {false, true})
-    for (int64_t M : {1, 2, 5, 16})
-      for (int64_t n : {1, 17, 130})
-        for (int64_t K : {1, 7, 16, 33, 256})
-          for (float beta : {0.0f, 0.5f}) {
-            std::mt19937 gen(static_cast<unsigned>(M * 1009 + n * 31 + K + bf16));
-            std::normal_distribution<float> dist;
-            const int64_t lda = K + 3, ldc = n + 2;
-            std::vector<float> A(static_cast<size_t>(M * lda)), Bw(static_cast<size_t>(n * K));
-            std::vector<uint16_t> B(static_cast<size_t>(n * K));
-            for (auto& v : A) v = dist(gen);
-            for (size_t i = 0; i < B.size(); ++i) {
-              const float v = dist(gen) * (i % 5 == 0 ? 1e-6f : 1.0f);  // float16 subnormals too
-              B[i] = bf16 ? rnncore::cpu::float_to_bfloat16(v) : rnncore::cpu::float_to_half(v);
-              Bw[i] =
-                  bf16 ? rnncore::cpu::bfloat16_to_float(B[i]) : rnncore::cpu::half_to_float(B[i]);
+  for (bool nn : {false, true})
+    for (bool bf16 : {false, true})
+      for (int64_t M : {1, 2, 5, 16})
+        for (int64_t n : {1, 17, 130})
+          for (int64_t K : {1, 7, 16, 33, 256})
+            for (float beta : {0.0f, 0.5f}) {
+              std::mt19937 gen(static_cast<unsigned>(M * 1009 + n * 31 + K + bf16 + 2 * nn));
+              std::normal_distribution<float> dist;
+              const int64_t lda = K + 3, ldc = n + 2, ldb = nn ? n : K;
+              std::vector<float> A(static_cast<size_t>(M * lda)), Bw(static_cast<size_t>(n * K));
+              std::vector<uint16_t> B(static_cast<size_t>(n * K));
+              for (auto& v : A) v = dist(gen);
+              for (size_t i = 0; i < B.size(); ++i) {
+                const float v = dist(gen) * (i % 5 == 0 ? 1e-6f : 1.0f);  // float16 subnormals
+                B[i] = bf16 ? rnncore::cpu::float_to_bfloat16(v) : rnncore::cpu::float_to_half(v);
+                Bw[i] = bf16 ? rnncore::cpu::bfloat16_to_float(B[i])
+                             : rnncore::cpu::half_to_float(B[i]);
+              }
+              std::vector<float> C(static_cast<size_t>(M * ldc));
+              for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
+              std::vector<float> D(C);
+              (nn ? ops.gemm_nn : ops.gemm_nt)(M, n, K, 1.5f, A.data(), lda, Bw.data(), ldb, beta,
+                                               C.data(), ldc);
+              const auto f = nn ? (bf16 ? ops.gemm_nn_bfloat16 : ops.gemm_nn_half)
+                                : (bf16 ? ops.gemm_nt_bfloat16 : ops.gemm_nt_half);
+              f(M, n, K, 1.5f, A.data(), lda, B.data(), ldb, beta, D.data(), ldc);
+              ASSERT_EQ(std::memcmp(C.data(), D.data(), C.size() * sizeof(float)), 0)
+                  << (nn ? "NN " : "NT ") << (bf16 ? "bfloat16" : "float16") << " M " << M << " n "
+                  << n << " K " << K;
             }
-            std::vector<float> C(static_cast<size_t>(M * ldc));
-            for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
-            std::vector<float> D(C);
-            ops.gemm_nt(M, n, K, 1.5f, A.data(), lda, Bw.data(), K, beta, C.data(), ldc);
-            (bf16 ? ops.gemm_nt_bfloat16 : ops.gemm_nt_half)(M, n, K, 1.5f, A.data(), lda, B.data(),
-                                                             K, beta, D.data(), ldc);
-            ASSERT_EQ(std::memcmp(C.data(), D.data(), C.size() * sizeof(float)), 0)
-                << (bf16 ? "bfloat16" : "float16") << " M " << M << " n " << n << " K " << K;
-          }
 }
 
 TEST(GemmNNAndTN, MatchTheFloat64ProductAndSplitsKeepTheBits) {

@@ -118,6 +118,9 @@ bool blas_path_forced() {
 // The BLAS path (RNNCORE_CPU_PATH=blas) slices by the shape alone, 8 rows a slice: BLAS
 // may sum another way for another row count.
 constexpr int64_t kUnpackedBackwardRows = 16;
+bool packs_R(const Problem& p) {
+  return !blas_path_forced() && p.N > 1 && p.T * p.N > kUnpackedBackwardRows;
+}
 template <class T>
 void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   ThreadPool& pool = ThreadPool::instance();
@@ -127,7 +130,7 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   // the faster, without the packing (alternating runs, H=256 GRU / LSTM gradients: T=100 N=1
   // 0.88 / 0.90 of the time, T=1 N=1 48 / 59 us against 112 / 154, T=4 N=4 0.89 / 0.90; at
   // T=100 N=2 1.17 / 1.16, T=16 N=8 1.5 / 1.5 of it).
-  const bool pack_R = !blas_path_forced() && N > 1 && p.T * N > kUnpackedBackwardRows;
+  const bool pack_R = packs_R(p);
   // (Without packed R the slices follow the shape alone, as on the BLAS path.)
   const int64_t threads = pack_R ? pool.available() : 8 * p.D;
   const int64_t per_dir = std::max<int64_t>(
@@ -205,11 +208,13 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   }
 }
 
+// W_bits: float16 / bfloat16 storage's W as stored, where W has no float32 copy.
 template <class T>
 void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W, T* dsource,
-                          T* dW) {
+                          T* dW, const uint16_t* W_bits) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
-  if (dsource && W) gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I);
+  if (dsource && (W || W_bits))
+    gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I, W_bits);
   if (dW) gradient_gemm<T>(p, true, cols, I, rows, dxp, cols, source, I, dW, I);
 }
 
@@ -266,8 +271,8 @@ void project(const Problem& p, const void* source, const void* W, const void* bi
       else
         std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
     if (p.I > 0)
-      parallel_gemm_nt_bits(W_bfloat16, rows, cols, p.I, 1.0f, static_cast<const float*>(source),
-                            p.I, W_bits, p.I, 1.0f, out, cols);
+      parallel_gemm_bits(true, W_bfloat16, rows, cols, p.I, 1.0f, static_cast<const float*>(source),
+                         p.I, W_bits, p.I, 1.0f, out, cols);
     return;
   }
   if (p.dtype == DType::Float32)
@@ -279,15 +284,15 @@ void project(const Problem& p, const void* source, const void* W, const void* bi
 }
 
 void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
-                     void* dsource, void* dW) {
+                     void* dsource, void* dW, const uint16_t* W_bits) {
   if (p.dtype == DType::Float32)
     input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
                          static_cast<const float*>(W), static_cast<float*>(dsource),
-                         static_cast<float*>(dW));
+                         static_cast<float*>(dW), W_bits);
   else
     input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
                          static_cast<const double*>(W), static_cast<double*>(dsource),
-                         static_cast<double*>(dW));
+                         static_cast<double*>(dW), nullptr);
 }
 
 // Direction d's view of the layer's inputs: weights, initial state and cell, mask (already
@@ -444,9 +449,11 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
 
 // BPTT per direction into dX', then the input-side gradients from dX'.
 // z_bits: bfloat16 storage's training state as the caller gave it, for an LSTM whose steps
-// widen its rows themselves (in.z_state is then null).
+// widen its rows themselves (in.z_state is then null). R_bits, W_bits: float16 / bfloat16
+// storage's R and W as the caller gave them, read as stored where in.fwd has no float32 copy.
 void backward_op(const Problem& p, const detail::BackwardArrays& in,
-                 const uint16_t* z_bits = nullptr) {
+                 const uint16_t* z_bits = nullptr, const uint16_t* R_bits = nullptr,
+                 const uint16_t* W_bits = nullptr) {
   const int64_t H = p.H, D = p.D, DH = p.dh(), GH = p.gh(), dgh = D * GH;
   Tensor mask = broadcast_mask(p, in.fwd);
   // dX' of every step; without an input weight it is the source gradient itself.
@@ -462,6 +469,8 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
   for (int64_t d = 0; d < D; ++d) {
     DirectionBackward& a = dirs[d];
     direction_inputs(p, in.fwd, mask.data(), d, a);
+    a.R_narrow = R_bits ? R_bits + d * GH * H : nullptr;
+    a.R_bfloat16 = p.storage == DType::BFloat16;
     // A per-row array of this direction: its columns of [.., N, D*H], row stride D*H.
     const auto rows = [&](auto base, int64_t& ld) {
       ld = DH;
@@ -489,7 +498,7 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
   else
     backward_impl<double>(p, dirs, static_cast<double*>(in.dbias));
   input_gradients(p, dxp, in.fwd.source, in.fwd.input_weight,
-                  p.has_input_weight ? in.dsource : nullptr, in.dW);
+                  p.has_input_weight ? in.dsource : nullptr, in.dW, W_bits);
 }
 
 // ---- float16 and bfloat16 storage (contract: storage types) ------------------------------
@@ -629,7 +638,7 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   // where the float32 operation runs the same kernel on its arrays (own_gemm_nt), so that
   // the outputs remain its own rounded once; bfloat16 on vdpbf16ps always, in the pairs'
   // arithmetic (StepProduct).
-  const bool steps = !blas_path_forced() && per_step_blas(q) && gemm_nt_bits_available();
+  const bool steps = !blas_path_forced() && per_step_blas(q) && gemm_bits_available();
   const int64_t R_cols = p.op == detail::OpKind::Gru && !p.gru.reset_after ? p.H : p.gh();
   const bool R_stored = steps && (dot || own_gemm_nt(p.N, R_cols, p.H));
   const bool W_stored =
@@ -682,7 +691,18 @@ void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
   const Sizes n(p);
   Widened w(p.dtype);
   detail::BackwardArrays b = a;
-  b.fwd = widen_inputs(p, a.fwd, w);
+  // A few rows (no packed R: backward_impl), or a few rows in all (the source's gradient): the
+  // products read R's and W's 16 bits as stored, where the float32 operation runs the same
+  // kernel on its arrays (own_gemm_nn), so that the outputs remain its own rounded once (no
+  // float32 copies of R and W made first: a fifth of a T=1 N=1 H=256 call).
+  const bool bits = !blas_path_forced() && gemm_bits_available();
+  const int64_t R_rows = p.op == detail::OpKind::Lstm                       ? 4 * p.H
+                         : p.op == detail::OpKind::Gru && p.gru.reset_after ? 3 * p.H
+                                                                            : p.H;
+  const bool R_stored = bits && !packs_R(p) && own_gemm_nn(1, p.H, R_rows);
+  const bool W_stored =
+      bits && p.has_input_weight && p.I > 0 && own_gemm_nn(p.T * p.N, p.I, p.D * p.gh());
+  b.fwd = widen_inputs(p, a.fwd, w, R_stored, false, W_stored);
   // The LSTM's steps widen the training state's rows as they read them (4-5% of its
   // gradient op at T=100 N=32 H=256 went to widening all of it first).
   const bool z_rows = p.dtype == DType::BFloat16 && p.op == detail::OpKind::Lstm;
@@ -701,7 +721,9 @@ void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
   b.dc0 = w.out(a.dc0, n.nh);
   b.dP = w.out(a.dP, n.peephole);
   b.db2 = w.out(a.db2, n.b2);
-  backward_op(q, b, z_rows ? static_cast<const uint16_t*>(a.z_state) : nullptr);
+  backward_op(q, b, z_rows ? static_cast<const uint16_t*>(a.z_state) : nullptr,
+              R_stored ? static_cast<const uint16_t*>(a.fwd.recurrent_weight) : nullptr,
+              W_stored ? static_cast<const uint16_t*>(a.fwd.input_weight) : nullptr);
   w.finish();
 }
 

@@ -100,17 +100,17 @@ constexpr int64_t kFewRows = 4;
 // 3.3 ms against 5.5. Also one row: the per-step products of float16 and bfloat16 storage
 // read R and W in 16 bits by the same kernel (gemm_nt_half, gemm_nt_bfloat16), so that they
 // remain the float32 operation on the widened arrays, bit for bit (OpenBLAS's GEMV took as
-// long: H=256 GRU at T=1 N=1). Likewise A·B of 2 to 32 rows
-// (gemm_nn: the backward's dX'·W and dX'·R at a small batch) and AᵀB over at most 32 k
+// long: H=256 GRU at T=1 N=1). Likewise A·B of 1 to 32 rows (gemm_nn, and gemm_nn_half and
+// gemm_nn_bfloat16 on 16-bit B: the backward's dX'·W and dX'·R at a small batch) and AᵀB
+// over at most 32 k
 // (gemm_tn: dW and dR of T·N <= 32 rows, where OpenBLAS ran at a fifth of the FMA peak).
 template <class T>
 auto own_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
   const auto& ops = fused_kernels().ops<T>();
   using F = decltype(ops.gemm_nt);
   if (K == 0) return F(nullptr);
-  const bool few_rows = M >= 2 && M <= kFewRows32 && N * K >= kLargeB;
   if (!ta && tb) return own_gemm_nt(M, N, K) ? ops.gemm_nt : nullptr;
-  if (!ta && !tb) return few_rows ? ops.gemm_nn : nullptr;
+  if (!ta && !tb) return own_gemm_nn(M, N, K) ? ops.gemm_nn : nullptr;
   if (ta && !tb) return K <= kShortK && M * N >= kLargeB ? ops.gemm_tn : nullptr;
   return F(nullptr);
 }

@@ -17,11 +17,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 // kFewRows32 of them, with NT or NN), or a short K (up to kShortK, with TN).
 constexpr int64_t kFewRows32 = 32, kShortK = 32, kLargeB = int64_t(1) << 16;
 
-// Whether the kernels' own gemm_nt takes A [M, K] · B [N, K]ᵀ: 1 to kFewRows32 rows against a
-// B of kLargeB elements or more (smaller products are the BLAS's).
+// Whether the kernels' own gemm_nt (gemm_nn) takes A [M, K] · B [N, K]ᵀ (B [K, N]): 1 to
+// kFewRows32 rows against a B of kLargeB elements or more (smaller products are the BLAS's).
 inline bool own_gemm_nt(int64_t M, int64_t N, int64_t K) {
   return M >= 1 && M <= kFewRows32 && N * K >= kLargeB;
 }
+inline bool own_gemm_nn(int64_t M, int64_t N, int64_t K) { return own_gemm_nt(M, N, K); }
 
 // How many blocks of columns (of 64 and more) the threads share of those GEMMs: none below
 // 2^17 multiply-adds, whose few us on the caller cost less than waking a thread (a GRU of

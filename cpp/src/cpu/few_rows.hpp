@@ -87,6 +87,7 @@ struct FewRowsAvx512 {
   }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static constexpr int kBRows = 8, kBCols = 3;  // RowBroadcast's tile: 24 accumulators
+  static constexpr int kBCols1 = 8;             // and of one row
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
   static void store(float* p, Mask m, Reg v) { _mm512_mask_storeu_ps(p, m, v); }
   template <int J>
@@ -152,6 +153,7 @@ struct FewRowsAvx2 {
   }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static constexpr int kBRows = 4, kBCols = 2;  // RowBroadcast's tile: 8 accumulators
+  static constexpr int kBCols1 = 6;             // and of one row
   static Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
   // (vmaskmovps stores are slow on AMD: a whole row of a tile by plain stores)
   static void store(float* p, Mask m, Reg v) { _mm256_maskstore_ps(p, m, v); }
@@ -278,15 +280,20 @@ struct FewRows {
 // transposed: dX'ᵀ·x and dX'ᵀ·h of T·N <= 32 rows, where OpenBLAS's kernels ran at a fifth
 // of the FMA peak). Each element is one chain of FMAs in k order, whatever the tile or the
 // split of C among threads.
-template <class V>
+template <class V, class E = float>
 struct RowBroadcast {
   using Reg = typename V::Reg;
   static constexpr int kRows = V::kBRows, kCols = V::kBCols, kWidth = kCols * V::kLanes;
+  // One row alone: more columns a tile, so that enough chains of FMAs (8; AVX2 6) hide their
+  // latency (3 left a row's product at half the speed of OpenBLAS's GEMV). Each element's
+  // chain is the same: the same bits.
+  static constexpr int kCols1 = V::kBCols1, kWidth1 = kCols1 * V::kLanes;
 
-  // Rows [0, R) and columns [0, jn) of C (jn <= kWidth); A's element (r, k) at A[r sr + k sk].
-  template <int R>
+  // Rows [0, R) and columns [0, jn) of C (jn <= kWidth, Full: jn == kWidth); A's element
+  // (r, k) at A[r sr + k sk].
+  template <int R, bool Full, int kCols = kCols>
   __attribute__((noinline)) static void tile(int64_t K, const float* A, int64_t sr, int64_t sk,
-                                             const float* B, int64_t ldb, float alpha, float beta,
+                                             const E* B, int64_t ldb, float alpha, float beta,
                                              float* C, int64_t ldc, int64_t jn) {
     typename V::Mask m[kCols];
 #pragma GCC unroll 8
@@ -300,7 +307,9 @@ struct RowBroadcast {
     for (int64_t k = 0; k < K; ++k) {
       Reg b[kCols];
 #pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) b[j] = V::load(m[j], B + k * ldb + j * V::kLanes);
+      for (int j = 0; j < kCols; ++j)
+        b[j] = Full ? V::load_full(B + k * ldb + j * V::kLanes)
+                    : V::load(m[j], B + k * ldb + j * V::kLanes);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const Reg a = V::set1(A[r * sr + k * sk]);
@@ -321,16 +330,26 @@ struct RowBroadcast {
   }
 
   template <int R = kRows>
-  static void tile_of(int rows, int64_t K, const float* A, int64_t sr, int64_t sk, const float* B,
+  static void tile_of(int rows, int64_t K, const float* A, int64_t sr, int64_t sk, const E* B,
                       int64_t ldb, float alpha, float beta, float* C, int64_t ldc, int64_t jn) {
     if constexpr (R > 1) {
       if (rows < R) return tile_of<R - 1>(rows, K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
     }
-    tile<R>(K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
+    if (jn == kWidth) return tile<R, true>(K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
+    tile<R, false>(K, A, sr, sk, B, ldb, alpha, beta, C, ldc, jn);
   }
 
   static void gemm(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t sr,
-                   int64_t sk, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                   int64_t sk, const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    if (M == 1) {
+      int64_t j0 = 0;
+      for (; j0 + kWidth1 <= n; j0 += kWidth1)
+        tile<1, true, kCols1>(K, A, sr, sk, B + j0, ldb, alpha, beta, C + j0, ldc, kWidth1);
+      for (; j0 < n; j0 += kWidth)  // the rest by tiles of kWidth
+        tile_of<1>(1, K, A, sr, sk, B + j0, ldb, alpha, beta, C + j0, ldc,
+                   std::min<int64_t>(kWidth, n - j0));
+      return;
+    }
     for (int64_t j0 = 0; j0 < n; j0 += kWidth)
       for (int64_t r0 = 0; r0 < M; r0 += kRows)
         tile_of(static_cast<int>(std::min<int64_t>(kRows, M - r0)), K, A + r0 * sr, sr, sk, B + j0,
@@ -338,12 +357,19 @@ struct RowBroadcast {
   }
   // C [M, n] = alpha A [M, K] · B + beta C (FusedOps::gemm_nn).
   static void gemm_nn(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                      const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     gemm(M, n, K, alpha, A, lda, 1, B, ldb, beta, C, ldc);
+  }
+  // gemm_nn on 16-bit B (FusedOps::gemm_nn_half, gemm_nn_bfloat16).
+  static void gemm_nn_bits(int64_t M, int64_t n, int64_t K, float alpha, const float* A,
+                           int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+                           int64_t ldc) {
+    static_assert(sizeof(E) == sizeof(uint16_t));
+    gemm(M, n, K, alpha, A, lda, 1, reinterpret_cast<const E*>(B), ldb, beta, C, ldc);
   }
   // C [M, n] = alpha A [K, M]ᵀ · B + beta C (FusedOps::gemm_tn).
   static void gemm_tn(int64_t M, int64_t n, int64_t K, float alpha, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                      const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     gemm(M, n, K, alpha, A, 1, lda, B, ldb, beta, C, ldc);
   }
 };

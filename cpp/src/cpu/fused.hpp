@@ -96,6 +96,12 @@ struct FusedOps {
                   int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
   void (*gemm_tn)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
                   int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  // gemm_nn with B float16 or bfloat16 storage's bits, widened as read: the bits gemm_nn
+  // gives on B widened first (null without gemm_nn).
+  void (*gemm_nn_half)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                       const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  void (*gemm_nn_bfloat16)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                           const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
 };
 
 struct FusedKernels {

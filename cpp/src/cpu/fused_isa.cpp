@@ -48,6 +48,8 @@ FusedOps<T> ops() {
     o.gemm_nt_half = &FewRows<FewRowsAvx512, HalfBits>::gemm_nt_bits;
     o.gemm_nt_bfloat16 = &FewRows<FewRowsAvx512, BFloatBits>::gemm_nt_bits;
     o.gemm_nn = &RowBroadcast<FewRowsAvx512>::gemm_nn;
+    o.gemm_nn_half = &RowBroadcast<FewRowsAvx512, HalfBits>::gemm_nn_bits;
+    o.gemm_nn_bfloat16 = &RowBroadcast<FewRowsAvx512, BFloatBits>::gemm_nn_bits;
     o.gemm_tn = &RowBroadcast<FewRowsAvx512>::gemm_tn;
   }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -56,6 +58,8 @@ FusedOps<T> ops() {
     o.gemm_nt_half = &FewRows<FewRowsAvx2, HalfBits>::gemm_nt_bits;
     o.gemm_nt_bfloat16 = &FewRows<FewRowsAvx2, BFloatBits>::gemm_nt_bits;
     o.gemm_nn = &RowBroadcast<FewRowsAvx2>::gemm_nn;
+    o.gemm_nn_half = &RowBroadcast<FewRowsAvx2, HalfBits>::gemm_nn_bits;
+    o.gemm_nn_bfloat16 = &RowBroadcast<FewRowsAvx2, BFloatBits>::gemm_nn_bits;
     o.gemm_tn = &RowBroadcast<FewRowsAvx2>::gemm_tn;
   }
 #endif

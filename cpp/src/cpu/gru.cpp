@@ -192,10 +192,11 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       }
     }
     if (p.gru.reset_after) {
-      step_product<T>(dg, G3, N, G3, R, sl.packed_R, sl.tiles, H, dh_next, H, false);
+      step_product<T>(dg, G3, N, G3, R, sl.packed_R, sl.tiles, H, dh_next, H, false, R_bits(a),
+                      a.R_bfloat16);
     } else {
-      step_product<T>(dx + oo, a.dxp_ld, N, H, R + 2 * H * H, sl.packed_Ro, sl.tiles, H, du, H,
-                      false);
+      step_product<T>(dx + oo, a.dxp_ld, N, H, R ? R + 2 * H * H : nullptr, sl.packed_Ro, sl.tiles,
+                      H, du, H, false, R_bits(a, 2 * H * H), a.R_bfloat16);
       for (int64_t n = 0; n < N; ++n) {
         const T* r = rbuf + n * H;
         const T* dr = drbuf + n * H;
@@ -204,7 +205,8 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
         T* dxr = dx + n * a.dxp_ld;
         gru_reset_before_gradient(H, dur, hmr, r, dr, dxr + ro, sd + n * H, dh_next + n * H);
       }
-      step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, sl.tiles, H, dh_next, H, true);
+      step_product<T>(dx, a.dxp_ld, N, 2 * H, R, sl.packed_R, sl.tiles, H, dh_next, H, true,
+                      R_bits(a), a.R_bfloat16);
     }
     add_bias_rows(sl, dx, a.dxp_ld, G3);
     apply_mask(a, dh_next, N, H);

@@ -67,30 +67,32 @@ Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int6
   return {out, H};
 }
 
-// C[M, n] = alpha A · Bᵀ + beta C for B [n, K] in float16 or bfloat16 storage's bits, read
-// as stored (FusedOps::gemm_nt_half, gemm_nt_bfloat16: the bits of the float32 product on B
-// widened first), C's columns split among the threads as parallel_gemm splits its own.
-inline void parallel_gemm_nt_bits(bool bfloat16, int64_t M, int64_t n, int64_t K, float alpha,
-                                  const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                                  float beta, float* C, int64_t ldc) {
+// C[M, n] = alpha A · op(B) + beta C for B in float16 or bfloat16 storage's bits, read as
+// stored: B [n, K] transposed (trans_b; FusedOps::gemm_nt_half, gemm_nt_bfloat16) or B [K, n]
+// (gemm_nn_half, gemm_nn_bfloat16), the bits of the float32 product on B widened first; C's
+// columns split among the threads as parallel_gemm splits its own.
+inline void parallel_gemm_bits(bool trans_b, bool bfloat16, int64_t M, int64_t n, int64_t K,
+                               float alpha, const float* A, int64_t lda, const uint16_t* B,
+                               int64_t ldb, float beta, float* C, int64_t ldc) {
   const FusedOps<float>& k = fused_kernels().f32;
-  const auto f = bfloat16 ? k.gemm_nt_bfloat16 : k.gemm_nt_half;
+  const auto f = trans_b ? (bfloat16 ? k.gemm_nt_bfloat16 : k.gemm_nt_half)
+                         : (bfloat16 ? k.gemm_nn_bfloat16 : k.gemm_nn_half);
   ThreadPool& pool = ThreadPool::instance();
   const int64_t parts = own_gemm_parts(M, n, K, pool.available());
   pool.parallel_for(parts, [&](int64_t part) {
     const auto begin = [&](int64_t i) { return i == parts ? n : n * i / parts / 16 * 16; };
     const int64_t j0 = begin(part), j1 = begin(part + 1);
-    f(M, j1 - j0, K, alpha, A, lda, B + j0 * ldb, ldb, beta, C + j0, ldc);
+    f(M, j1 - j0, K, alpha, A, lda, B + (trans_b ? j0 * ldb : j0), ldb, beta, C + j0, ldc);
   });
 }
 
 // Whether the kernels read float16 and bfloat16 storage's B as stored (AVX2 or AVX-512).
-inline bool gemm_nt_bits_available() { return fused_kernels().f32.gemm_nt_half != nullptr; }
+inline bool gemm_bits_available() { return fused_kernels().f32.gemm_nt_half != nullptr; }
 
 // The recurrent product of one direction's steps, acc[N, rows] = h̃[N, H] · R[row0 + rows, H]ᵀ:
 // through BLAS (split as parallel_gemm splits it, whichever threads run the parts), or on
 // float16 / bfloat16 storage's R as stored (R_narrow, when R has no float32 copy;
-// parallel_gemm_nt_bits). Where the fused kernels multiply bfloat16 pairs (vdpbf16ps), in
+// parallel_gemm_bits). Where the fused kernels multiply bfloat16 pairs (vdpbf16ps), in
 // their arithmetic: h̃ rounded to bfloat16 in inference and split into hi + lo in a training
 // forward (fused_kernels.hpp), the products then exact in float32 and the sums float32.
 template <class T>
@@ -113,8 +115,8 @@ class StepProduct {
       if (bits_) {
         const uint16_t* B = bits_ + row0 * H_;
         if (rounded_.empty())
-          return parallel_gemm_nt_bits(bfloat16_, N, rows, H_, 1.0f, h.data, h.ld, B, H_, 0.0f, acc,
-                                       acc_ld);
+          return parallel_gemm_bits(true, bfloat16_, N, rows, H_, 1.0f, h.data, h.ld, B, H_, 0.0f,
+                                    acc, acc_ld);
         float* hi = rounded_.data();
         float* lo = hi + N * H_;
         for (int64_t n = 0; n < N; ++n)
@@ -124,9 +126,9 @@ class StepProduct {
             hi[n * H_ + j] = r;
             if (split_) lo[n * H_ + j] = bfloat16_to_float(float_to_bfloat16(v - r));
           }
-        parallel_gemm_nt_bits(true, N, rows, H_, 1.0f, hi, H_, B, H_, 0.0f, acc, acc_ld);
+        parallel_gemm_bits(true, true, N, rows, H_, 1.0f, hi, H_, B, H_, 0.0f, acc, acc_ld);
         if (split_)
-          parallel_gemm_nt_bits(true, N, rows, H_, 1.0f, lo, H_, B, H_, 1.0f, acc, acc_ld);
+          parallel_gemm_bits(true, true, N, rows, H_, 1.0f, lo, H_, B, H_, 1.0f, acc, acc_ld);
         return;
       }
     }
@@ -150,12 +152,18 @@ class StepProduct {
 // float32, where the tiles' blocks of 32 would be mostly padding (T=1 N=1 GRU gradients: 32
 // times the multiplications, and their packing, for K = 1). B of a few rows' product is W or
 // R, already bfloat16.
+// B_bits: B in float16 / bfloat16 storage's bits, read as stored (B null; not with trans_a,
+// nor where the tiles run).
 template <class T>
 void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
-                   int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) {
+                   int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                   const uint16_t* B_bits = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     const auto tiles = fused_kernels().f32.tile_gemm;
-    if (p.storage == DType::BFloat16 && tiles) {
+    const bool bfloat16 = p.storage == DType::BFloat16;
+    if (!B && B_bits && !trans_a && !(bfloat16 && tiles))
+      return parallel_gemm_bits(false, bfloat16, M, n, K, 1.0f, A, lda, B_bits, ldb, 0.0f, C, ldc);
+    if (bfloat16 && tiles) {
       if (!(trans_a ? K <= kShortK : M <= kFewRows32))
         return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
       const auto rounded = [](const float* src, int64_t rows, int64_t cols, int64_t ld) {
@@ -166,6 +174,9 @@ void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t
         return out;
       };
       const std::vector<float> a = rounded(A, trans_a ? K : M, trans_a ? M : K, lda);
+      if (!trans_a && !B)
+        return parallel_gemm_bits(false, true, M, n, K, 1.0f, a.data(), K, B_bits, ldb, 0.0f, C,
+                                  ldc);
       if (!trans_a)
         return parallel_gemm<float>(false, false, M, n, K, 1.0f, a.data(), K, B, ldb, 0.0f, C, ldc);
       const std::vector<float> b = rounded(B, K, n, ldb);
@@ -261,13 +272,15 @@ void add_bias_rows(const BackwardSlice<T>& sl, const T* dx, int64_t ld, int64_t 
 }
 
 // C[M, n] = A[M, K] B[K, n] (+= with accumulate): the packed fused kernel when the
-// operand was packed (as AMX tiles with `tiles`), else BLAS. Big enough products (a backward slice
-// that runs alone, batch 1) are split into chunks of column panels that the pool's threads claim;
-// inside a pool job the pool is busy and the caller runs every chunk. Each column's arithmetic is
-// the same whichever chunk it is in.
+// operand was packed (as AMX tiles with `tiles`), float16 / bfloat16 storage's bits as stored
+// when B has no float32 copy (B null, B_bits: parallel_gemm_bits), else BLAS. Big enough products
+// (a backward slice that runs alone, batch 1) are split into chunks of column panels that the
+// pool's threads claim; inside a pool job the pool is busy and the caller runs every chunk. Each
+// column's arithmetic is the same whichever chunk it is in.
 template <class T>
 void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, const T* packed,
-                  bool tiles, int64_t n, T* C, int64_t ldc, bool accumulate) {
+                  bool tiles, int64_t n, T* C, int64_t ldc, bool accumulate,
+                  const uint16_t* B_bits = nullptr, bool bfloat16 = false) {
   if (packed) {
     const auto& ops = fused_kernels().ops<T>();
     const int64_t w = tiles ? kTileColumns : ops.width, panels = (n + w - 1) / w;
@@ -292,7 +305,18 @@ void step_product(const T* A, int64_t lda, int64_t M, int64_t K, const T* B, con
     });
     return;
   }
+  if constexpr (std::is_same_v<T, float>) {
+    if (!B && B_bits)
+      return parallel_gemm_bits(false, bfloat16, M, n, K, 1.0f, A, lda, B_bits, n,
+                                accumulate ? 1.0f : 0.0f, C, ldc);
+  }
   parallel_gemm<T>(false, false, M, n, K, T(1), A, lda, B, n, accumulate ? T(1) : T(0), C, ldc);
+}
+
+// A direction's R in float16 / bfloat16 storage's bits, `offset` elements on, where R has no
+// float32 copy (else null).
+inline const uint16_t* R_bits(const DirectionInputs& a, int64_t offset = 0) {
+  return !a.R && a.R_narrow ? a.R_narrow + offset : nullptr;
 }
 
 // h̃ entering step s + 1 for dR: h_s = o ⊙ φ (φ null: h_s = o) of batch row n, masked,
@@ -328,7 +352,7 @@ void end_step(const Problem& p, const DirectionBackward& a, const BackwardSlice<
   }
   add_bias_rows(sl, dx, a.dxp_ld, K);
   step_product<T>(dx, a.dxp_ld, N, K, static_cast<const T*>(a.R), sl.packed_R, sl.tiles, H, dh_next,
-                  H, false);
+                  H, false, R_bits(a), a.R_bfloat16);
   apply_mask(a, dh_next, N, H);
 }
 
