@@ -646,12 +646,12 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   const bool fused = !blas_path_forced() && !steps && (dot || !per_step_blas(q));
   // An LSTM that projects its steps' rows itself reads the bfloat16 source and W in place
   // (fuse_projection; the source's rows as pairs: an even I).
-  // So does one at batch 1 that fills x' itself (lazy_projection), except on AMX, whose
-  // projection of all T rows in full tiles (project_tiles) was measured, and 6-row blocks
-  // were not.
+  // So does an LSTM or reset-after GRU at batch 1 that fills x' itself (lazy_projection),
+  // except on AMX, whose projection of all T rows in full tiles (project_tiles) was
+  // measured, and 6-row blocks were not.
   const bool lazy = lazy_projection(q) && !k.project_tiles;
   const bool fused_pairs = fused && p.dtype == DType::BFloat16 && k.gemm_pairs && k.narrow_panels &&
-                           p.op == detail::OpKind::Lstm && (fuse_projection(q) || lazy) &&
+                           ((p.op == detail::OpKind::Lstm && fuse_projection(q)) || lazy) &&
                            p.I % 2 == 0;
   const bool pairs = !fused_pairs && fused && p.dtype == DType::BFloat16 && k.gemm_pairs &&
                      p.has_input_weight && p.I > 0 && p.T * p.N > 0;

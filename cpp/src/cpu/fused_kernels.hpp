@@ -908,9 +908,11 @@ struct Fused {  // S: the scalar type
     const Buffers bf = buffers(p, ws);
     const int64_t kx = kext(p, a);
     if (p.fused_projection || p.lazy_projection) {  // W's panels, in the sets of R's
-      if (dot_panels(a)) {  // (the LSTM) W's bfloat16 bits (W_bits), as pairs
-        static constexpr int gates[4] = {0, 1, 2, 3};
-        pack_pairs(a.W_bits, H, p.I, gates, b0, b1, reinterpret_cast<uint16_t*>(bf.w_panels));
+      if (dot_panels(a)) {                          // W's bfloat16 bits (W_bits), as pairs
+        pack_sets(p, p.I, reinterpret_cast<uint16_t*>(bf.w_panels),
+                  [&](const auto& gates, uint16_t* out) {
+                    pack_pairs(a.W_bits, H, p.I, gates, b0, b1, out);
+                  });
       } else if (half_w(a)) {
         if constexpr (kHalfPanels)
           pack_sets(p, p.I, reinterpret_cast<uint16_t*>(bf.w_panels),
