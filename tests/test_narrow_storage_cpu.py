@@ -186,9 +186,10 @@ def test_bfloat16_few_rows_multiply_as_the_fused_kernels_do(name, training):
     a step at a time, in the fused kernels' arithmetic (h̃ rounded to bfloat16 for the product
     in inference, split in two in a training forward; exact products, float32 sums). Its
     outputs against the first steps of a 9-step call (the fused kernels) on the same inputs:
-    only the order of the float32 sums differs, so outputs differ rarely, by a unit or so in
-    the last place (measured: at most 0.2% of them, by up to 3 units, in pre-activations near
-    zero); with h̃ left in float32 for the product in inference, 4-18% of them differ."""
+    only the order of the float32 sums differs (the few rows' lanes of pairs and their tree,
+    the fused kernels' pairs in k order), so outputs differ rarely, by a unit or so in the last
+    place (measured: at most 0.4% of them, by up to 4 units, in a training state near zero);
+    with h̃ left in float32 for the product in inference, 4-18% of them differ."""
     op, desc = descriptor(name, False)
     desc.training = training
     for T, N, I, H in [(2, 1, 160, 256), (4, 1, 33, 31), (3, 4, 64, 64), (1, 8, 256, 256)]:  # noqa: E741
@@ -199,7 +200,7 @@ def test_bfloat16_few_rows_multiply_as_the_fused_kernels_do(name, training):
             a, b = a.astype(np.float32), b[:T].astype(np.float32)
             ulp = np.spacing(np.abs(b).astype(ml_dtypes.bfloat16)).astype(np.float32)
             ulps = np.abs(a - b) / ulp
-            assert ulps.max() <= 3 and (ulps > 0).mean() <= 0.01, (T, N, H, ulps.max())
+            assert ulps.max() <= 4 and (ulps > 0).mean() <= 0.01, (T, N, H, ulps.max())
 
 
 @pytest.mark.skipif(not BFLOAT16_DOT, reason="the vdpbf16ps variants only")

@@ -177,6 +177,58 @@ TEST(GemmBits, GiveTheBitsOfTheWidenedProduct) {
             }
 }
 
+// bfloat16 B by vdpbf16ps (gemm_nt_dot): A rounded to bfloat16 (and with split its remainder
+// too), the products exact and the sums float32: against the float64 sum of the same
+// products, and each element's bits whatever the rows and columns of its call.
+TEST(GemmDot, MultiplyTheRoundedOperandsAndKeepTheBitsOfEachElement) {
+  const auto& ops = fused_kernels().f32;
+  if (!ops.gemm_nt_dot) GTEST_SKIP() << "no vdpbf16ps on " << fused_kernels().isa;
+  using rnncore::cpu::bfloat16_to_float;
+  using rnncore::cpu::float_to_bfloat16;
+  const auto round = [](float v) { return bfloat16_to_float(float_to_bfloat16(v)); };
+  for (bool split : {false, true})
+    for (int64_t M : {1, 3, 4, 5, 9})
+      for (int64_t n : {1, 17, 130})
+        for (int64_t K : {1, 2, 31, 32, 33, 256})
+          for (float beta : {0.0f, 0.5f}) {
+            std::mt19937 gen(static_cast<unsigned>(M * 1009 + n * 31 + K + 7 * split));
+            std::normal_distribution<float> dist;
+            const int64_t lda = K + 3, ldc = n + 2;
+            std::vector<float> A(static_cast<size_t>(M * lda));
+            std::vector<uint16_t> B(static_cast<size_t>(n * K));
+            for (auto& v : A) v = dist(gen);
+            for (auto& v : B) v = float_to_bfloat16(dist(gen));
+            std::vector<float> C(static_cast<size_t>(M * ldc));
+            for (auto& v : C) v = beta == 0.0f ? std::nanf("") : dist(gen);
+            const std::vector<float> C0(C);
+            const auto f = split ? ops.gemm_nt_dot_split : ops.gemm_nt_dot;
+            f(M, n, K, 1.5f, A.data(), lda, B.data(), K, beta, C.data(), ldc);
+            for (int64_t r = 0; r < M; ++r)
+              for (int64_t j = 0; j < n; ++j) {
+                double want = 0, mag = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const float a = A[static_cast<size_t>(r * lda + k)], hi = round(a);
+                  const double b = bfloat16_to_float(B[static_cast<size_t>(j * K + k)]);
+                  const double x = (split ? double(hi) + round(a - hi) : double(hi)) * b;
+                  want += x;
+                  mag += std::fabs(x);
+                }
+                const size_t i = static_cast<size_t>(r * ldc + j);
+                want = 1.5 * want + (beta == 0.0f ? 0.0 : double(beta) * C0[i]);
+                // (a float32 sum of K products, then the alpha and beta roundings)
+                const double tol =
+                    std::ldexp(1.0, -24) * ((K + 2) * 1.5 * mag + 2 * std::fabs(want));
+                ASSERT_NEAR(C[i], want, tol) << "split " << split << " M " << M << " n " << n
+                                             << " K " << K << " r " << r << " j " << j;
+                // The element alone: one row, its column alone.
+                float one = beta == 0.0f ? std::nanf("") : C0[i];
+                f(1, 1, K, 1.5f, A.data() + r * lda, lda, B.data() + j * K, K, beta, &one, 1);
+                ASSERT_EQ(std::memcmp(&one, &C[i], sizeof one), 0)
+                    << "split " << split << " M " << M << " n " << n << " K " << K;
+              }
+          }
+}
+
 TEST(GemmNNAndTN, MatchTheFloat64ProductAndSplitsKeepTheBits) {
   const auto& ops = fused_kernels().f32;
   if (!ops.gemm_nn) GTEST_SKIP() << "no gemm_nn on " << fused_kernels().isa;

@@ -270,9 +270,11 @@ void project(const Problem& p, const void* source, const void* W, const void* bi
         std::memcpy(out + r * cols, bias, static_cast<size_t>(cols) * sizeof(float));
       else
         std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
+    // bfloat16 where the CPU multiplies pairs: by them (the source's values are bfloat16).
+    const Dot dot = W_bfloat16 && fused_kernels().f32.gemm_nt_dot ? Dot::Rounded : Dot::No;
     if (p.I > 0)
       parallel_gemm_bits(true, W_bfloat16, rows, cols, p.I, 1.0f, static_cast<const float*>(source),
-                         p.I, W_bits, p.I, 1.0f, out, cols);
+                         p.I, W_bits, p.I, 1.0f, out, cols, dot);
     return;
   }
   if (p.dtype == DType::Float32)

@@ -171,7 +171,41 @@ struct FewRowsAvx2 {
 };
 #endif
 
-template <class V, class E = float>
+#if defined(__AVX512BF16__)
+// bfloat16 storage's B multiplied by vdpbf16ps (FewRows<FewRowsAvx512, BFloatBits, Dot>): A's
+// rows rounded to bfloat16 and, with Split, their remainders A - hi rounded too, as the fused
+// kernels' pairs (fused_kernels.hpp's to_pairs): exact products, float32 sums, lane l of an
+// accumulator summing the pairs (2l, 2l + 1) of every 32 k (hi's, then lo's), then the tree.
+struct DotOperand {
+  static __mmask16 first16(int64_t c) {
+    return __mmask16(c >= 16 ? 0xFFFF : c <= 0 ? 0 : (1u << c) - 1);
+  }
+  // A's k .. k + 31 (count of them; the rest zero) as bfloat16 pairs, hi and lo.
+  template <bool Split>
+  __attribute__((always_inline)) static inline void load(const float* a, int64_t count,
+                                                         __m512bh* hi, __m512bh* lo) {
+    const __m512 a0 = _mm512_maskz_loadu_ps(first16(count), a);
+    const __m512 a1 = _mm512_maskz_loadu_ps(first16(count - 16), a + 16);
+    *hi = _mm512_cvtne2ps_pbh(a1, a0);
+    if constexpr (Split) {
+      const auto widen = [](__m256i v) {
+        return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+            __mmask16(0xFFFF), _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), v), 16));
+      };
+      const __m512i h = (__m512i)*hi;
+      *lo = _mm512_cvtne2ps_pbh(
+          _mm512_sub_ps(a1, widen(_mm512_maskz_extracti64x4_epi64(__mmask8(0xF), h, 1))),
+          _mm512_sub_ps(a0, widen(_mm512_maskz_extracti64x4_epi64(__mmask8(0xF), h, 0))));
+    }
+  }
+};
+#endif
+
+// How FewRows multiplies: FMAs on B widened (float32's bits), or vdpbf16ps on A rounded to
+// bfloat16 (DotSplit: and its remainder).
+enum class FewRowsMode { Widened, Dot, DotSplit };
+
+template <class V, class E = float, FewRowsMode kMode = FewRowsMode::Widened>
 struct FewRows {
   // Each dot product is V::kLanes lane sums over k (k in lane k mod kLanes, FMAs in k
   // order), then reduced by a fixed tree (V::reduce): the same order for every element
@@ -216,9 +250,33 @@ struct FewRows {
     Reg acc[kAcc];
 #pragma GCC unroll 16
     for (int i = 0; i < kAcc; ++i) acc[i] = V::zero();
-    int64_t k = 0;
-    for (; k + V::kLanes <= K; k += V::kLanes) chunk<M, J, false>(acc, A, lda, b, k, V::full());
-    if (k < K) chunk<M, J, true>(acc, A, lda, b, k, V::first(K - k));
+    if constexpr (kMode != FewRowsMode::Widened) {
+#if defined(__AVX512BF16__)
+      for (int64_t k = 0; k < K; k += 32) {
+        const int64_t count = std::min<int64_t>(32, K - k);
+        const __mmask32 m = count == 32 ? __mmask32(~0u) : __mmask32((1u << count) - 1);
+        __m512bh bv[J];
+#pragma GCC unroll 16
+        for (int j = 0; j < J; ++j) bv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, b[j] + k);
+#pragma GCC unroll 16
+        for (int r = 0; r < M; ++r) {
+          __m512bh hi, lo;
+          DotOperand::load<kMode == FewRowsMode::DotSplit>(A + r * lda + k, count, &hi, &lo);
+#pragma GCC unroll 16
+          for (int j = 0; j < J; ++j) acc[r * J + j] = _mm512_dpbf16_ps(acc[r * J + j], hi, bv[j]);
+          if constexpr (kMode == FewRowsMode::DotSplit) {
+#pragma GCC unroll 16
+            for (int j = 0; j < J; ++j)
+              acc[r * J + j] = _mm512_dpbf16_ps(acc[r * J + j], lo, bv[j]);
+          }
+        }
+      }
+#endif
+    } else {
+      int64_t k = 0;
+      for (; k + V::kLanes <= K; k += V::kLanes) chunk<M, J, false>(acc, A, lda, b, k, V::full());
+      if (k < K) chunk<M, J, true>(acc, A, lda, b, k, V::first(K - k));
+    }
     const Reg v = V::mul(V::set1(alpha), V::reduce(acc));
 #pragma GCC unroll 16
     for (int r = 0; r < M; ++r) {

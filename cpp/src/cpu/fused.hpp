@@ -89,6 +89,12 @@ struct FusedOps {
                        const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
   void (*gemm_nt_bfloat16)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
                            const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  // gemm_nt_bfloat16 by vdpbf16ps (AVX-512 BF16; null without): A rounded to bfloat16, or
+  // split into bfloat16 hi + lo (_split), as the fused kernels' pairs.
+  void (*gemm_nt_dot)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                      const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
+  void (*gemm_nt_dot_split)(int64_t M, int64_t n, int64_t K, T alpha, const T* A, int64_t lda,
+                            const uint16_t* B, int64_t ldb, T beta, T* C, int64_t ldc) = nullptr;
   // C[M, n] = alpha op(A) · B + beta C, B [K, n] read as stored, op(A) = A [M, K] (gemm_nn:
   // a few rows) or A [K, M]ᵀ (gemm_tn: a short K); each element one chain of FMAs in k order,
   // the same bits for any split of C (few_rows.hpp's RowBroadcast; null: the BLAS).

@@ -47,6 +47,10 @@ FusedOps<T> ops() {
     o.gemm_nt = &FewRows<FewRowsAvx512>::gemm_nt;
     o.gemm_nt_half = &FewRows<FewRowsAvx512, HalfBits>::gemm_nt_bits;
     o.gemm_nt_bfloat16 = &FewRows<FewRowsAvx512, BFloatBits>::gemm_nt_bits;
+#if defined(__AVX512BF16__)
+    o.gemm_nt_dot = &FewRows<FewRowsAvx512, BFloatBits, FewRowsMode::Dot>::gemm_nt_bits;
+    o.gemm_nt_dot_split = &FewRows<FewRowsAvx512, BFloatBits, FewRowsMode::DotSplit>::gemm_nt_bits;
+#endif
     o.gemm_nn = &RowBroadcast<FewRowsAvx512>::gemm_nn;
     o.gemm_nn_half = &RowBroadcast<FewRowsAvx512, HalfBits>::gemm_nn_bits;
     o.gemm_nn_bfloat16 = &RowBroadcast<FewRowsAvx512, BFloatBits>::gemm_nn_bits;

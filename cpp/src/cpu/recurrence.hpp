@@ -71,12 +71,17 @@ Rows<const T> masked(const DirectionForward& a, Rows<const T> h, int64_t N, int6
 // stored: B [n, K] transposed (trans_b; FusedOps::gemm_nt_half, gemm_nt_bfloat16) or B [K, n]
 // (gemm_nn_half, gemm_nn_bfloat16), the bits of the float32 product on B widened first; C's
 // columns split among the threads as parallel_gemm splits its own.
+// With dot (bfloat16, trans_b, AVX-512 BF16: FusedOps::gemm_nt_dot), by vdpbf16ps on A
+// rounded to bfloat16, or split into hi + lo.
+enum class Dot { No, Rounded, Split };
 inline void parallel_gemm_bits(bool trans_b, bool bfloat16, int64_t M, int64_t n, int64_t K,
                                float alpha, const float* A, int64_t lda, const uint16_t* B,
-                               int64_t ldb, float beta, float* C, int64_t ldc) {
+                               int64_t ldb, float beta, float* C, int64_t ldc, Dot dot = Dot::No) {
   const FusedOps<float>& k = fused_kernels().f32;
-  const auto f = trans_b ? (bfloat16 ? k.gemm_nt_bfloat16 : k.gemm_nt_half)
-                         : (bfloat16 ? k.gemm_nn_bfloat16 : k.gemm_nn_half);
+  const auto f = dot == Dot::Split     ? k.gemm_nt_dot_split
+                 : dot == Dot::Rounded ? k.gemm_nt_dot
+                 : trans_b             ? (bfloat16 ? k.gemm_nt_bfloat16 : k.gemm_nt_half)
+                                       : (bfloat16 ? k.gemm_nn_bfloat16 : k.gemm_nn_half);
   ThreadPool& pool = ThreadPool::instance();
   const int64_t parts = own_gemm_parts(M, n, K, pool.available());
   pool.parallel_for(parts, [&](int64_t part) {
@@ -104,33 +109,15 @@ class StepProduct {
         bits_(a.R ? nullptr : a.R_narrow),
         bfloat16_(a.R_bfloat16) {
     if constexpr (std::is_same_v<T, float>) {
-      if (bits_ && bfloat16_ && fused_kernels().f32.gemm_pairs) {
-        split_ = a.z || a.z_bits;
-        rounded_.resize(static_cast<size_t>((split_ ? 2 : 1) * p.N * p.H));
-      }
+      if (bits_ && bfloat16_ && fused_kernels().f32.gemm_pairs)
+        dot_ = a.z || a.z_bits ? Dot::Split : Dot::Rounded;
     }
   }
   void operator()(Rows<const T> h, int64_t N, int64_t row0, int64_t rows, T* acc, int64_t acc_ld) {
     if constexpr (std::is_same_v<T, float>) {
-      if (bits_) {
-        const uint16_t* B = bits_ + row0 * H_;
-        if (rounded_.empty())
-          return parallel_gemm_bits(true, bfloat16_, N, rows, H_, 1.0f, h.data, h.ld, B, H_, 0.0f,
-                                    acc, acc_ld);
-        float* hi = rounded_.data();
-        float* lo = hi + N * H_;
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t j = 0; j < H_; ++j) {
-            const float v = h.row(n)[j];
-            const float r = bfloat16_to_float(float_to_bfloat16(v));
-            hi[n * H_ + j] = r;
-            if (split_) lo[n * H_ + j] = bfloat16_to_float(float_to_bfloat16(v - r));
-          }
-        parallel_gemm_bits(true, true, N, rows, H_, 1.0f, hi, H_, B, H_, 0.0f, acc, acc_ld);
-        if (split_)
-          parallel_gemm_bits(true, true, N, rows, H_, 1.0f, lo, H_, B, H_, 1.0f, acc, acc_ld);
-        return;
-      }
+      if (bits_)
+        return parallel_gemm_bits(true, bfloat16_, N, rows, H_, 1.0f, h.data, h.ld,
+                                  bits_ + row0 * H_, H_, 0.0f, acc, acc_ld, dot_);
     }
     parallel_gemm<T>(false, true, N, rows, H_, T(1), h.data, h.ld, R_ + row0 * H_, H_, T(0), acc,
                      acc_ld);
@@ -140,8 +127,8 @@ class StepProduct {
   int64_t H_;
   const T* R_;
   const uint16_t* bits_;
-  bool bfloat16_, split_ = false;
-  std::vector<float> rounded_;  // h̃ rounded to bfloat16 (hi), then lo when split
+  bool bfloat16_;
+  Dot dot_ = Dot::No;
 };
 
 // The gradients' GEMMs, C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a): for bfloat16
