@@ -226,6 +226,26 @@ def test_onnx_mapping_reproduces_rnncore():
         assert rel_err(result(run())["y"], rnncore_forward(p)) < 1e-5, kind
 
 
+def test_onnx_runs_narrow_configurations_in_float32():
+    """ONNX Runtime's CPU operators have no float16 or bfloat16: a narrow configuration runs
+    them in float32 on its values (the float32 time narrow storage is meant to halve), and
+    its records say so."""
+    pytest.importorskip("onnxruntime")
+    impl = peers.OnnxRuntimeImpl()
+    for dtype in ("float16", "bfloat16"):
+        p = peers.Problem(peers.Config("lstm", **SMALL, dtype=dtype), seed=7)
+        wide = peers.Problem(peers.Config("lstm", **SMALL), seed=7)
+        wide.x = p.x.astype(np.float32)
+        wide.torch_params = [
+            {k: v.astype(np.float32) for k, v in d.items()} for d in p.torch_params
+        ]
+        run, result, _ = impl.prepare(p, "inference")
+        run32, result32, _ = impl.prepare(wide, "inference")
+        np.testing.assert_array_equal(result(run())["y"], result32(run32())["y"], err_msg=dtype)
+        assert impl.where(p.config) == "onnxruntime (float32)"
+    assert impl.where(problem("lstm").config) == "onnxruntime"
+
+
 def test_mlx_mapping_reproduces_rnncore():
     """Only where MLX is installed: inference and training."""
     pytest.importorskip("mlx.core")
