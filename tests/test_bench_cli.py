@@ -394,3 +394,42 @@ def test_gemm_measurements_include_onnx_runtime_and_the_layer_shapes(monkeypatch
     assert out["sgemm_shapes"]["step"]["onnxruntime_gflops"] == round(2 * 4 * 8 * 16 / 1e6, 1)
     line = bench.report.gemm_line(out)
     assert "ONNX Runtime" in line and "float32 step [4×8]·[8×16]" in line
+
+
+def test_the_processor_is_told_apart_by_family_model_and_caches(tmp_path):
+    # Two "AMD EPYC" of different generations (Zen 4 and Zen 5 differ in their FMA and
+    # conversion rates): the record names each, from the first CPU's block only.
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+        "model name\t: AMD EPYC\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+    )
+    for i, (level, kind, size) in enumerate(
+        [
+            (1, "Data", "48K"),
+            (1, "Instruction", "32K"),
+            (2, "Unified", "1024K"),
+            (3, "Unified", "32768K"),
+        ]
+    ):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+    ident = bench.cpu_identity(cpuinfo, tmp_path)
+    assert ident == {
+        "cpu_vendor": "AuthenticAMD",
+        "cpu_family": 26,
+        "cpu_model_number": 2,
+        "cpu_microarchitecture": "Zen 5",
+        "cpu_caches": {"L1d": "48K", "L1i": "32K", "L2": "1024K", "L3": "32768K"},
+    }
+    machine = {"cpu_model": "AMD EPYC", **ident}
+    assert bench.report.cpu_description(machine) == (
+        "AMD EPYC (Zen 5: family 26 model 2; L1d 48K, L2 1024K a core; L3 32768K)"
+    )
+    zen4 = bench.cpu_identity(cpuinfo.replace(": 26", ": 25"), tmp_path / "none")
+    assert zen4["cpu_microarchitecture"] == "Zen 3/4" and "cpu_caches" not in zen4
+    intel = bench.cpu_identity("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n")
+    assert intel["cpu_family"] == 6 and "cpu_microarchitecture" not in intel
+    # Older results (no identity recorded) still print.
+    assert bench.report.cpu_description({"cpu_model": "AMD EPYC"}) == "AMD EPYC"

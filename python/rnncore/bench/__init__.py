@@ -653,7 +653,52 @@ def machine_info():
         info["cpu_flags"] = [f for f in wanted if f in flags.group(1).split()]
     except (OSError, AttributeError):
         pass
+    info.update(cpu_identity())
     return info
+
+
+# x86 families whose microarchitecture the family number alone names (AMD's).
+AMD_FAMILIES = {0x17: "Zen 1/2", 0x19: "Zen 3/4", 0x1A: "Zen 5"}
+
+
+def cpu_identity(cpuinfo=None, cache_dir="/sys/devices/system/cpu/cpu0/cache"):
+    """What tells two processors of one marketing name apart (an "AMD EPYC" may be a Zen 4
+    or a Zen 5, whose FMA and conversion rates differ): vendor, family and model numbers
+    (and AMD's microarchitecture by family), and the per-core caches. Empty off Linux."""
+    try:
+        text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first CPU's block
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    out = {}
+    if "vendor_id" in fields:
+        out["cpu_vendor"] = fields["vendor_id"]
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        family = model = None
+    if family is not None:
+        out["cpu_family"], out["cpu_model_number"] = family, model
+        if out.get("cpu_vendor") == "AuthenticAMD" and family in AMD_FAMILIES:
+            out["cpu_microarchitecture"] = AMD_FAMILIES[family]
+    caches = {}
+    for index in sorted(Path(cache_dir).glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        name = f"L{level}" + {"Data": "d", "Instruction": "i"}.get(kind, "")
+        caches[name] = size
+    if caches:
+        out["cpu_caches"] = caches
+    return out
 
 
 def versions():
@@ -730,7 +775,7 @@ def header(device, machine, timing_name):
 
     info = rc.build_info()
     lines = [
-        f"rnncore {rc.__version__} bench on device {device!r}: {machine['cpu_model']}, "
+        f"rnncore {rc.__version__} bench on device {device!r}: {report.cpu_description(machine)}, "
         f"{machine['usable_cpus']} usable CPUs",
         f"build: devices {', '.join(info.get('devices', []))}; CPU kernels "
         f"{info.get('kernels', '?')}; {info.get('threads', '?')} threads",

@@ -4,6 +4,23 @@ Markdown report and PNG chart of a run (from the results' JSON content)."""
 IMPL_ORDER = ("rnncore", "torch", "onnxruntime", "mlx", "numpy")
 
 
+def cpu_description(machine):
+    """The processor as the reports name it: model name, then family, model and caches
+    where recorded ("AMD EPYC (Zen 5: family 26 model 2; L1d 48K, L2 1024K a core)")."""
+    parts = []
+    if machine.get("cpu_family") is not None:
+        arch = machine.get("cpu_microarchitecture")
+        fam = f"family {machine['cpu_family']} model {machine.get('cpu_model_number')}"
+        parts.append(f"{arch}: {fam}" if arch else fam)
+    caches = machine.get("cpu_caches") or {}
+    per_core = [f"{k} {caches[k]}" for k in ("L1d", "L2") if k in caches]
+    if per_core:
+        parts.append(", ".join(per_core) + " a core")
+    if "L3" in caches:
+        parts.append(f"L3 {caches['L3']}")
+    return machine["cpu_model"] + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def fmt_ms(seconds):
     ms = 1e3 * seconds
     if ms >= 100:
@@ -167,7 +184,7 @@ def markdown(results):
         f"{results['date']} · `{results['command']}` · {results['run']} run, "
         f"{results['seconds']:.0f} s",
         "",
-        f"Machine: {m['cpu_model']}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
+        f"Machine: {cpu_description(m)}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
         f"{m['platform']}. Versions: "
         + ", ".join(f"{k} {val}" for k, val in v.items() if val and k != "matplotlib")
         + ".",
@@ -285,7 +302,7 @@ def loaded_markdown(results):
         f"{results['date']} · `{results['command']}` · {results['run']} run, "
         f"{results['seconds']:.0f} s",
         "",
-        f"Machine: {m['cpu_model']}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
+        f"Machine: {cpu_description(m)}, {m.get('usable_cpus', m['logical_cpus'])} usable CPUs, "
         f"{m['platform']}. Competitor: {results['competitor']}.",
         "",
         f"Each configuration and mode timed at rnncore's default thread count ({n}) and at 1 "
@@ -416,7 +433,7 @@ def chart(results, path):
         ax.set_ylabel("median ms per call")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(
-        f"rnncore vs peers — {results['machine']['cpu_model']} "
+        f"rnncore vs peers — {cpu_description(results['machine'])} "
         "(hatched: failed the agreement check)",
         fontsize=10,
     )
