@@ -178,6 +178,7 @@ def add_arguments(parser):
     parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-loaded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-section", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -762,6 +763,21 @@ def run_worker_process(args, device, flags, threads=None):
         return {**done, "failed": True, "exit_code": proc.returncode, "configs_done": len(names)}
 
 
+def run_section_process(args, device):
+    """--layers or --lengths in a process of its own, as the configurations' workers run:
+    the OpenBLAS overrides unset and, with --threads, the thread variables set to its first
+    count (an OPENBLAS_CORETYPE=Haswell left in the environment made rnncore's 2-layer LSTM
+    training step 1.37x slower on an AMD Zen 5, through OpenBLAS's older kernels)."""
+    threads = args.threads[0] if args.threads else None
+    cmd = [sys.executable, "-c", "import sys; from rnncore.bench import main; sys.exit(main())"]
+    cmd += ["--layers" if args.layers else "--lengths", "--worker-section", "--device", device]
+    if args.quick:
+        cmd.append("--quick")
+    if threads is not None:
+        print(f"{threads} thread(s), in a process with the thread variables set", flush=True)
+    return subprocess.run(cmd, env=worker_env(threads), check=False).returncode
+
+
 def writable(path, force):
     """Whether `path` may be written: it does not exist, or --force says to replace it."""
     if path.exists() and not force:
@@ -845,7 +861,11 @@ def run(args):
     started = time.perf_counter()
     machine = machine_info()
     timing_name = "quick" if args.quick else "full"
-    print(header(device, machine, timing_name), flush=True)
+    if (args.layers or args.lengths) and not args.worker_section:
+        print(header(device, machine, timing_name), flush=True)
+        return run_section_process(args, device)
+    if not args.worker_section:
+        print(header(device, machine, timing_name), flush=True)
     busy_before = guard(args.threads)
     results = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
