@@ -627,6 +627,13 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
   return out;
 }
 
+// Batch rows from which a float16 forward's fused steps multiply float32 panels of R widened
+// once per call (forward_narrow). Xeon with AMX, 2 threads, H = 256, alternating processes:
+// LSTM N=32 12.5-12.8 against 13.0-13.4 ms (narrow panels; float32 12.1), N=16 6.2-6.5
+// against 6.8-6.9, GRU N=4 1.70-1.71 against 1.79-1.82; at N=2 the narrow panels were the
+// faster (LSTM 1.40-1.43 against 1.46-1.51), and at N=1 level.
+constexpr int64_t kWideRows = 4;
+
 void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   Problem q = p;
   q.dtype = DType::Float32;
@@ -660,7 +667,12 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   // float16 filling x' itself at batch 1 packs W's float16 rows as they are (no float32 copy
   // of W made first: 7% of T=100 N=1 H=256 LSTM inference); its tiles widen them.
   const bool W_half = fused && p.dtype == DType::Float16 && k.narrow_panels && lazy_projection(q);
-  detail::ForwardArrays f = widen_inputs(p, a, w, (fused && k.narrow_panels) || R_stored,
+  // From kWideRows batch rows (off vdpbf16ps) R is widened once, into float32 panels, rather
+  // than by every step's tiles: there a step's products are bound by arithmetic, not by R's
+  // bytes, and the conversions compete with the FMAs (on Intel vcvtph2ps issues on the FMA
+  // ports). The same float32 arithmetic on the same values: the same bits.
+  const bool wide = fused && !dot && p.N >= kWideRows;
+  detail::ForwardArrays f = widen_inputs(p, a, w, (fused && k.narrow_panels && !wide) || R_stored,
                                          pairs || fused_pairs, W_half || W_stored);
   Tensor projected;
   if (pairs) projected = project_pairs(p, a, f.bias);
@@ -674,7 +686,8 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   f.cell = bits_out ? nullptr : w.out(a.cell, n.seq);
   f.z_state = bits_out ? nullptr : w.out(a.z_state, n.z);
   NarrowR r16{
-      static_cast<const uint16_t*>(a.recurrent_weight), p.dtype, pairs ? projected.data() : nullptr,
+      wide ? nullptr : static_cast<const uint16_t*>(a.recurrent_weight), p.dtype,
+      pairs ? projected.data() : nullptr,
       fused_pairs ? static_cast<const uint16_t*>(a.source) : nullptr,
       fused_pairs || W_half || W_stored ? static_cast<const uint16_t*>(a.input_weight) : nullptr};
   if (bits_out) {
