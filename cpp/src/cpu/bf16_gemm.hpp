@@ -138,17 +138,20 @@ struct Bf16Gemm {
     return _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
   }
 
-  // Column-block j of B [K, n] (row-major, ldb apart), k-blocks kb0 .. kb0 + KB - 1, into KB
-  // blocks of 16 pairs × 16.
-  static void pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j, int64_t kb0,
-                     int64_t KB, uint16_t* out) {
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      uint16_t* t = out + (j * KB + kb) * kTile;
+  // Column-blocks [j0, j1) of B [K, n] (row-major, ldb apart), k-blocks kb0 .. kb0 + KB - 1,
+  // into KB blocks of 16 pairs × 16 each. The blocks side by side in the inner loop: each row
+  // is read in (j1 - j0) adjacent lines at a time, where one block's 64 bytes a row, rows a
+  // page apart, left the prefetchers idle.
+  static void pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j0, int64_t j1,
+                     int64_t kb0, int64_t KB, uint16_t* out) {
+    for (int64_t kb = 0; kb < KB; ++kb)
       for (int64_t q = 0; q < 16; ++q)
-        _mm512_storeu_si512(t + q * 32,
-                            pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q));
-    }
+        for (int64_t j = j0; j < j1; ++j)
+          _mm512_storeu_si512(out + (j * KB + kb) * kTile + q * 32,
+                              pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q));
   }
+  // Column blocks a packing task of B takes (pack_b).
+  static constexpr int64_t kPackColumns = 4;
 
   // r[i] lane j = r[j] lane i (16 × 16, 32-bit lanes).
   static void transpose16(__m512i r[16]) {
@@ -178,16 +181,18 @@ struct Bf16Gemm {
 
   // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart), k-blocks kb0 .. kb0 + KB - 1:
   // the pairs of rows of X, transposed so that each of the block's 16 rows holds its pairs.
-  static void pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i, int64_t kb0,
-                          int64_t KB, uint16_t* out) {
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      __m512i h[16];
-      for (int64_t q = 0; q < 16; ++q)
-        h[q] = pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q);
-      transpose16(h);
-      uint16_t* t = out + (i * KB + kb) * kTile;
-      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 32, h[r]);
-    }
+  // Row-blocks [i0, i1) side by side in the inner loop, as pack_b's column blocks.
+  static void pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i0, int64_t i1,
+                          int64_t kb0, int64_t KB, uint16_t* out) {
+    for (int64_t kb = 0; kb < KB; ++kb)
+      for (int64_t i = i0; i < i1; ++i) {
+        __m512i h[16];
+        for (int64_t q = 0; q < 16; ++q)
+          h[q] = pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q);
+        transpose16(h);
+        uint16_t* t = out + (i * KB + kb) * kTile;
+        for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 32, h[r]);
+      }
   }
 
 #if RNNCORE_FUSED_AMX
@@ -304,18 +309,20 @@ struct Bf16Gemm {
     ThreadPool& pool = ThreadPool::instance();
     for (int64_t kb0 = 0; kb0 < KB; kb0 += KC) {
       const int64_t kc = std::min(KB - kb0, KC);
-      pool.parallel_for(MB + NB, [&](int64_t t) {
-        if (t < MB) {
-          if (swap)
-            pack_a_cols(B, ldb, Mc, K, t, kb0, kc, Ah);
-          else if (trans_a)
-            pack_a_cols(A, lda, Mc, K, t, kb0, kc, Ah);
+      // Packing tasks: A's row blocks (by kPackColumns when transposed) and B's.
+      const bool cols = swap || trans_a;
+      const int64_t mbt = cols ? (MB + kPackColumns - 1) / kPackColumns : MB;
+      const int64_t nbt = (NB + kPackColumns - 1) / kPackColumns;
+      pool.parallel_for(mbt + nbt, [&](int64_t t) {
+        if (t < mbt) {
+          const int64_t i0 = t * kPackColumns, i1 = std::min(MB, i0 + kPackColumns);
+          if (cols)
+            pack_a_cols(swap ? B : A, swap ? ldb : lda, Mc, K, i0, i1, kb0, kc, Ah);
           else
             pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ah, nullptr);
-        } else if (swap) {
-          pack_b(A, lda, K, Nc, t - MB, kb0, kc, Bh);
         } else {
-          pack_b(B, ldb, K, Nc, t - MB, kb0, kc, Bh);
+          const int64_t j0 = (t - mbt) * kPackColumns, j1 = std::min(NB, j0 + kPackColumns);
+          pack_b(swap ? A : B, swap ? lda : ldb, K, Nc, j0, j1, kb0, kc, Bh);
         }
       });
       pool.parallel_for(streamed / 2, [&](int64_t st) {
@@ -435,7 +442,7 @@ struct Bf16Gemm {
   // B [K, n] as tiles of its values, which are bfloat16 (R of bfloat16 storage): exact.
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
     const int64_t KB = (K + 31) / 32;
-    for (int64_t j = 0; j < (n + 15) / 16; ++j) pack_b(B, n, K, n, j, 0, KB, out);
+    pack_b(B, n, K, n, 0, (n + 15) / 16, 0, KB, out);
   }
 
   // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two
