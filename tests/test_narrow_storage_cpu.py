@@ -79,7 +79,8 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
     op, desc = descriptor(name, bidirectional)
     D = 2 if bidirectional else 1  # noqa: N806
     # (batch 1 from 5 steps on: the fused kernels, float16 panels widened by halves or whole,
-    # x' filled by the steps' threads from W's 16-bit panels; up to 4 steps: BLAS)
+    # x' filled by the steps' threads from W's 16-bit panels; up to 4 steps: BLAS; N = 3: the
+    # fused steps on 16-bit panels of R, N = 9: on float32 panels of R widened once)
     shapes = [
         (1, 1, 1, 1),
         (5, 3, 4, 33),
