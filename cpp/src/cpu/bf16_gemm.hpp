@@ -101,6 +101,38 @@ struct Bf16Gemm {
       hi = (__m256i)_mm512_cvtneps_pbh(x);
   }
 
+  // The columns of an operand [K, n]: one row-major array, or the pieces of a GemmPiece list
+  // side by side, each from a multiple of 16 columns (zero columns between), so that no
+  // 16-column block straddles two.
+  struct Columns {
+    static constexpr int kMax = 2;
+    const float* X[kMax];
+    int64_t ld[kMax], n[kMax], off[kMax];
+    int count;
+    int64_t width;  // columns in all, padding included
+    Columns(const float* x, int64_t ldx, int64_t cols) : X{x}, ld{ldx}, n{cols}, off{0}, count(1) {
+      width = cols;
+    }
+    explicit Columns(const GemmPiece<float>* pc, int pieces) : count(pieces) {
+      int64_t c = 0;
+      for (int q = 0; q < pieces; ++q) {
+        X[q] = pc[q].B, ld[q] = pc[q].ldb, n[q] = pc[q].n, off[q] = c;
+        c = q + 1 < pieces ? (c + pc[q].n + 15) / 16 * 16 : c + pc[q].n;
+      }
+      width = c;
+    }
+    struct Block {
+      const float* X;
+      int64_t ld, n, c0;  // the piece, its columns, and the block's first column in it
+    };
+    Block block(int64_t j) const {
+      const int64_t c = j * 16;
+      int q = count - 1;
+      while (q > 0 && c < off[q]) --q;
+      return {X[q], ld[q], n[q], c - off[q]};
+    }
+  };
+
   // Row-block i of A [M, K] (k contiguous, lda apart), k-blocks kb0 .. kb0 + KB - 1 of 32,
   // into KB blocks of 16 × 32 (lo null: rounded, hi only).
   static void pack_a_rows(const float* A, int64_t lda, int64_t M, int64_t K, int64_t i, int64_t kb0,
@@ -138,17 +170,19 @@ struct Bf16Gemm {
     return _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
   }
 
-  // Column-blocks [j0, j1) of B [K, n] (row-major, ldb apart), k-blocks kb0 .. kb0 + KB - 1,
-  // into KB blocks of 16 pairs × 16 each. The blocks side by side in the inner loop: each row
-  // is read in (j1 - j0) adjacent lines at a time, where one block's 64 bytes a row, rows a
-  // page apart, left the prefetchers idle.
-  static void pack_b(const float* B, int64_t ldb, int64_t K, int64_t n, int64_t j0, int64_t j1,
-                     int64_t kb0, int64_t KB, uint16_t* out) {
+  // Column-blocks [j0, j1) of B [K, n] (row-major; Columns: up to two arrays side by side),
+  // k-blocks kb0 .. kb0 + KB - 1, into KB blocks of 16 pairs × 16 each. The blocks side by
+  // side in the inner loop: each row is read in (j1 - j0) adjacent lines at a time, where one
+  // block's 64 bytes a row, rows a page apart, left the prefetchers idle.
+  static void pack_b(const Columns& B, int64_t K, int64_t j0, int64_t j1, int64_t kb0, int64_t KB,
+                     uint16_t* out) {
     for (int64_t kb = 0; kb < KB; ++kb)
       for (int64_t q = 0; q < 16; ++q)
-        for (int64_t j = j0; j < j1; ++j)
+        for (int64_t j = j0; j < j1; ++j) {
+          const Columns::Block b = B.block(j);
           _mm512_storeu_si512(out + (j * KB + kb) * kTile + q * 32,
-                              pairs_of_rows(B, ldb, K, n, j * 16, (kb0 + kb) * 32 + 2 * q));
+                              pairs_of_rows(b.X, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q));
+        }
   }
   // Column blocks a packing task of B takes (pack_b).
   static constexpr int64_t kPackColumns = 4;
@@ -179,16 +213,17 @@ struct Bf16Gemm {
     }
   }
 
-  // Row-block i of A = Xᵀ for X [K, M] (row-major, ld apart), k-blocks kb0 .. kb0 + KB - 1:
-  // the pairs of rows of X, transposed so that each of the block's 16 rows holds its pairs.
-  // Row-blocks [i0, i1) side by side in the inner loop, as pack_b's column blocks.
-  static void pack_a_cols(const float* X, int64_t ld, int64_t M, int64_t K, int64_t i0, int64_t i1,
-                          int64_t kb0, int64_t KB, uint16_t* out) {
+  // Row-block i of A = Xᵀ for X [K, M] (row-major; Columns as pack_b's), k-blocks kb0 ..
+  // kb0 + KB - 1: the pairs of rows of X, transposed so that each of the block's 16 rows holds
+  // its pairs. Row-blocks [i0, i1) side by side in the inner loop, as pack_b's column blocks.
+  static void pack_a_cols(const Columns& X, int64_t K, int64_t i0, int64_t i1, int64_t kb0,
+                          int64_t KB, uint16_t* out) {
     for (int64_t kb = 0; kb < KB; ++kb)
       for (int64_t i = i0; i < i1; ++i) {
+        const Columns::Block b = X.block(i);
         __m512i h[16];
         for (int64_t q = 0; q < 16; ++q)
-          h[q] = pairs_of_rows(X, ld, K, M, i * 16, (kb0 + kb) * 32 + 2 * q);
+          h[q] = pairs_of_rows(b.X, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q);
         transpose16(h);
         uint16_t* t = out + (i * KB + kb) * kTile;
         for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 32, h[r]);
@@ -279,21 +314,35 @@ struct Bf16Gemm {
   // both operands rounded to bfloat16.
   static void gemm(bool trans_a, int64_t M, int64_t n, int64_t K, const float* A, int64_t lda,
                    const float* B, int64_t ldb, float* C, int64_t ldc) {
+    const GemmPiece<float> piece{B, ldb, n, C, ldc};
+    gemm_pieces(trans_a, M, K, A, lda, &piece, 1);
+  }
+
+  // C_q [M, n_q] = op(A) B_q for the pieces q (at most Columns::kMax): one product of op(A)
+  // and the pieces side by side, so that op(A) is packed once for all of them (dX' for the
+  // LSTM's dW and dR). Each element's sums are those of its piece's product alone.
+  static void gemm_pieces(bool trans_a, int64_t M, int64_t K, const float* A, int64_t lda,
+                          const GemmPiece<float>* pc, int pieces) {
+    const Columns Bc(pc, pieces);
+    const int64_t n = Bc.width;
     if (M == 0 || n == 0) return;
     if (K == 0) {
-      for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + n, 0.0f);
+      for (int q = 0; q < pieces; ++q)
+        for (int64_t m = 0; m < M; ++m)
+          std::fill(pc[q].C + m * pc[q].ldc, pc[q].C + m * pc[q].ldc + pc[q].n, 0.0f);
       return;
     }
     // Aᵀ B with fewer columns than rows: computed as (Bᵀ A)ᵀ, so that the transposed
     // operand (the costlier to pack) is the smaller one.
     const bool swap = trans_a && n < M;
+    const Columns Ac(A, lda, M);
     const int64_t Mc = swap ? n : M, Nc = swap ? M : n;
     const int64_t MB = (Mc + 31) / 32 * 2, NB = (Nc + 31) / 32 * 2, KB = (K + 31) / 32;
     // C itself takes the tiles when it is made of whole blocks; else a padded copy does.
-    const bool direct = !swap && M % 32 == 0 && n % 32 == 0;
-    const int64_t ldp = direct ? ldc : NB * 16;
+    const bool direct = !swap && pieces == 1 && M % 32 == 0 && n % 32 == 0;
+    const int64_t ldp = direct ? pc[0].ldc : NB * 16;
     LineVector<float> Cpad(direct ? 0 : static_cast<size_t>(MB * 16 * ldp));
-    float* Cp = direct ? C : Cpad.data();
+    float* Cp = direct ? pc[0].C : Cpad.data();
     // K in chunks, packed and multiplied in turn: the packed rows of the resident (smaller)
     // operand stay in L2 (256 KiB) while the other operand's 32-wide blocks stream past
     // them, claimed by the threads; and the packed copies take memory of a chunk, not of
@@ -317,12 +366,12 @@ struct Bf16Gemm {
         if (t < mbt) {
           const int64_t i0 = t * kPackColumns, i1 = std::min(MB, i0 + kPackColumns);
           if (cols)
-            pack_a_cols(swap ? B : A, swap ? ldb : lda, Mc, K, i0, i1, kb0, kc, Ah);
+            pack_a_cols(swap ? Bc : Ac, K, i0, i1, kb0, kc, Ah);
           else
             pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ah, nullptr);
         } else {
           const int64_t j0 = (t - mbt) * kPackColumns, j1 = std::min(NB, j0 + kPackColumns);
-          pack_b(swap ? A : B, swap ? lda : ldb, K, Nc, j0, j1, kb0, kc, Bh);
+          pack_b(swap ? Ac : Bc, K, j0, j1, kb0, kc, Bh);
         }
       });
       pool.parallel_for(streamed / 2, [&](int64_t st) {
@@ -338,20 +387,25 @@ struct Bf16Gemm {
     const float* cp = Cp;
     if (direct) return;
     if (!swap) {
-      for (int64_t m = 0; m < M; ++m)
-        std::memcpy(C + m * ldc, cp + m * ldp, static_cast<size_t>(n) * sizeof(float));
-    } else {  // Cp holds Cᵀ [n, M] (padded: whole 16 × 16 blocks to read)
-      pool.parallel_for((M + 15) / 16, [&](int64_t b) {
-        const int64_t m0 = b * 16;
-        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      for (int q = 0; q < pieces; ++q)
+        for (int64_t m = 0; m < M; ++m)
+          std::memcpy(pc[q].C + m * pc[q].ldc, cp + m * ldp + Bc.off[q],
+                      static_cast<size_t>(pc[q].n) * sizeof(float));
+      return;
+    }
+    // Cp holds Cᵀ [n, M] (padded: whole 16 × 16 blocks to read)
+    pool.parallel_for((M + 15) / 16, [&](int64_t b) {
+      const int64_t m0 = b * 16;
+      for (int q = 0; q < pieces; ++q)
+        for (int64_t j0 = 0; j0 < pc[q].n; j0 += 16) {
           __m512i r[16];
-          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(cp + (j0 + i) * ldp + m0);
+          for (int i = 0; i < 16; ++i)
+            r[i] = _mm512_loadu_si512(cp + (Bc.off[q] + j0 + i) * ldp + m0);
           transpose16(r);
           for (int64_t m = m0; m < std::min(M, m0 + 16); ++m)
-            _mm512_mask_storeu_epi32(C + m * ldc + j0, lanes(n - j0), r[m - m0]);
+            _mm512_mask_storeu_epi32(pc[q].C + m * pc[q].ldc + j0, lanes(pc[q].n - j0), r[m - m0]);
         }
-      });
-    }
+    });
   }
 
 #if RNNCORE_FUSED_AMX
@@ -442,7 +496,7 @@ struct Bf16Gemm {
   // B [K, n] as tiles of its values, which are bfloat16 (R of bfloat16 storage): exact.
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
     const int64_t KB = (K + 31) / 32;
-    pack_b(B, n, K, n, 0, (n + 15) / 16, 0, KB, out);
+    pack_b(Columns(B, n, n), K, 0, (n + 15) / 16, 0, KB, out);
   }
 
   // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two

@@ -69,6 +69,10 @@ struct DirectionBackward : DirectionInputs {
   // bfloat16 storage's LSTM: the training state as the caller gave it (z_ld apart), each row
   // widened by the step that reads it (z is then null): no float32 copy of all of it.
   const uint16_t* z_bits = nullptr;
+  // Where dW is computed with dR (joint_input_gradient): the source [T*N, I] and this
+  // direction's dW [G*H, I]; else null.
+  const void* source = nullptr;
+  void* dW = nullptr;
   const void* h_fwd = nullptr;  // GRU forward state output [T, N, H]
   int64_t h_fwd_ld = 0;
   const void* c_fwd = nullptr;  // LSTM forward cell output [T, N, H]

@@ -15,6 +15,16 @@ namespace rnncore::cpu {
 // splitting the rows at multiples of this leaves every row's bits unchanged.
 constexpr int kProductRows = 8;
 
+// One of the products C [M, n] = op(A) B of FusedOps::tile_gemm_pieces: B [K, n] ldb apart,
+// C ldc apart.
+template <class T>
+struct GemmPiece {
+  const T* B;
+  int64_t ldb, n;
+  T* C;
+  int64_t ldc;
+};
+
 // The entry points of one scalar type (fused_kernels.hpp compiled per instruction set).
 template <class T>
 struct FusedOps {
@@ -65,6 +75,10 @@ struct FusedOps {
   // BF16): the gradient GEMMs of bfloat16 storage.
   void (*tile_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
                     const T* B, int64_t ldb, T* C, int64_t ldc);
+  // The products op(A) B_q of up to two pieces, op(A) packed once for them (the same bits as
+  // tile_gemm's of each piece).
+  void (*tile_gemm_pieces)(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda,
+                           const GemmPiece<T>* pieces, int count);
   // The backward steps' product for bfloat16 storage on AMX (null without): pack_tiles packs
   // B [K, n], whose values are bfloat16 (R of bfloat16 storage), into tiles_size(K, n)
   // elements; matmul_tiles is matmul on them with A split into bfloat16 hi + lo.

@@ -145,8 +145,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
 
 template <class T>
 void lstm_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
-  gradient_gemm<T>(p, true, 4 * p.H, p.H, p.T * p.N, static_cast<const T*>(a.dxp), a.dxp_ld, hm_all,
-                   p.H, static_cast<T*>(a.dR), p.H);
+  recurrent_gradient<T>(p, a, 4 * p.H, hm_all);
 }
 
 RNNCORE_INSTANTIATE_CELL(lstm, float)

@@ -174,6 +174,33 @@ void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t
   parallel_gemm<T>(trans_a, false, M, n, K, T(1), A, lda, B, ldb, T(0), C, ldc);
 }
 
+// dW and dR as one product of dX' and [source | h̃] where the bfloat16 tiles run, so that dX'
+// (13 MB at T=100 N=32 H=256) is packed once for both: the single-gate RNN and the LSTM,
+// whose dR is one GEMM. The same bits as the two products apart.
+inline bool joint_input_gradient(const Problem& p) {
+  return p.storage == DType::BFloat16 && p.dtype == DType::Float32 &&
+         fused_kernels().f32.tile_gemm_pieces &&
+         (p.op == detail::OpKind::Lstm || p.op == detail::OpKind::Rnn) && p.has_input_weight &&
+         p.I > 0 && p.T * p.N > kShortK;
+}
+
+// dR = dX'ᵀ h̃ [M = G*H, H] of one direction over all T*N rows, with dW = dX'ᵀ source where
+// a.dW is set (joint_input_gradient).
+template <class T>
+void recurrent_gradient(const Problem& p, const DirectionBackward& a, int64_t M, const T* hm_all) {
+  const int64_t K = p.T * p.N;
+  const T* dxp = static_cast<const T*>(a.dxp);
+  const GemmPiece<T> dR{hm_all, p.H, p.H, static_cast<T*>(a.dR), p.H};
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.dW) {
+      const GemmPiece<float> pieces[2] = {
+          {static_cast<const float*>(a.source), p.I, p.I, static_cast<float*>(a.dW), p.I}, dR};
+      return fused_kernels().f32.tile_gemm_pieces(true, M, K, dxp, a.dxp_ld, pieces, 2);
+    }
+  }
+  gradient_gemm<T>(p, true, M, p.H, K, dxp, a.dxp_ld, hm_all, p.H, dR.C, p.H);
+}
+
 // The state entering step s of a backward pass, from forward outputs (at output time).
 template <class T>
 Rows<const T> previous_fwd(const void* h0, int64_t h0_ld, const void* fwd, int64_t fwd_ld,

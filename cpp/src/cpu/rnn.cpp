@@ -65,8 +65,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
 
 template <class T>
 void rnn_backward_reduce(const Problem& p, const DirectionBackward& a, const T* hm_all, const T*) {
-  gradient_gemm<T>(p, true, p.H, p.H, p.T * p.N, static_cast<const T*>(a.dxp), a.dxp_ld, hm_all,
-                   p.H, static_cast<T*>(a.dR), p.H);
+  recurrent_gradient<T>(p, a, p.H, hm_all);
 }
 
 RNNCORE_INSTANTIATE_CELL(rnn, float)
