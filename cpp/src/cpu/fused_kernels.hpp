@@ -1331,11 +1331,12 @@ struct Fused {  // S: the scalar type
         store_h(a, bf, y, n, u0, wv, phi, s, H, yb);
       }
     };
-    // The usual layer's epilogue in one pass over the rows (lstm_rows).
+    // The usual layer's epilogue in one pass over the rows (lstm_rows), training state
+    // included.
     [[maybe_unused]] const bool one_pass =
-        !P && !z && !zb && !cb && p.gate_act[oi] == Activation::Sigmoid &&
-        p.gate_act[of] == Activation::Sigmoid && p.gate_act[oo] == Activation::Sigmoid &&
-        p.gate_act[oz] == Activation::Tanh && p.cell_act == Activation::Tanh;
+        !P && p.gate_act[oi] == Activation::Sigmoid && p.gate_act[of] == Activation::Sigmoid &&
+        p.gate_act[oo] == Activation::Sigmoid && p.gate_act[oz] == Activation::Tanh &&
+        p.cell_act == Activation::Tanh;
     if (N == 1 && !fused && H % W == 0) {
       // One row: each panel's epilogue alone is a chain of dependent activations that the
       // next panel's product (hundreds of instructions) hides from the core. The products
@@ -1350,7 +1351,7 @@ struct Fused {  // S: the scalar type
         if constexpr (std::is_same_v<S, float> && W == 16) {
           if (one_pass) {
             lstm_rows(p, a, bf, s, 0, 0, bg * W, W, be - bg, x, xn, nullptr, nullptr, cprev, c, y,
-                      yb, rows_of);
+                      yb, {z, zb, cb}, rows_of);
             continue;
           }
         }
@@ -1392,7 +1393,7 @@ struct Fused {  // S: the scalar type
       if constexpr (std::is_same_v<S, float> && W == 16) {
         if (one_pass && H - b * W >= W) {
           lstm_rows(p, a, bf, s, 0, 1, b * W, 0, N, x, xn, pairs ? xblk : nullptr,
-                    fused ? bias : nullptr, cprev, c, y, yb, vb);
+                    fused ? bias : nullptr, cprev, c, y, yb, {z, zb, cb}, vb);
           continue;
         }
       }
@@ -1412,8 +1413,15 @@ struct Fused {  // S: the scalar type
   }
 
 #if defined(__AVX512F__)
+  // The training forward's outputs of lstm_rows, where wanted: the step's rows of the
+  // training state (float32 or bfloat16 bits) and of the bfloat16 cell.
+  struct Training {
+    S* z;
+    uint16_t* zb;
+    uint16_t* cb;
+  };
   // The epilogue of full panels of an LSTM with sigmoid gates, tanh cell gate and cell
-  // activation, no peephole and no training state: each row's four gate vectors go from the
+  // activation and no peephole: each row's four gate vectors go from the
   // product's block to h and c in registers, rather than through the passes' five loops over
   // the block. The same operations in the same order as the passes (the same bits). Block
   // row j (at vb + j·4W) is batch row n0 + j·dn of units u0 + j·du .. + 15: the rows of a
@@ -1422,13 +1430,14 @@ struct Fused {  // S: the scalar type
   // vb's), and bias when fused.
   static void lstm_rows(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t n0,
                         int64_t dn, int64_t u0, int64_t du, int64_t count, const S* x, const S* xn,
-                        const S* xb, const S* bias, Rows cprev, Rows c, S* y, uint16_t* yb, S* vb) {
+                        const S* xb, const S* bias, Rows cprev, Rows c, S* y, uint16_t* yb,
+                        Training tr, S* vb) {
     const Units at{n0, dn, u0, du};
     int64_t j = 0;
     for (; j + 4 <= count; j += 4)
-      lstm_rows_of<4>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, vb);
+      lstm_rows_of<4>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, tr, vb);
     for (; j < count; ++j)
-      lstm_rows_of<1>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, vb);
+      lstm_rows_of<1>(p, a, bf, s, at, j, x, xn, xb, bias, cprev, c, y, yb, tr, vb);
   }
   struct Units {
     int64_t n0, dn, u0, du;
@@ -1441,7 +1450,7 @@ struct Fused {  // S: the scalar type
   static RNNCORE_VMATH_INLINE void lstm_rows_of(const Problem& p, const Dir& a, const Buffers& bf,
                                                 int64_t s, Units at, int64_t j0, const S* x,
                                                 const S* xn, const S* xb, const S* bias, Rows cprev,
-                                                Rows c, S* y, uint16_t* yb, S* vb) {
+                                                Rows c, S* y, uint16_t* yb, Training tr, S* vb) {
     constexpr int G = 4;
     const int64_t H = p.H, oi = p.lstm_i, of = p.lstm_f, oz = p.lstm_z, oo = p.lstm_o;
     vec g[R][G];
@@ -1458,6 +1467,11 @@ struct Fused {  // S: the scalar type
       }
       if (bias)
         for (int k = 0; k < G; ++k) g[r][k] += load(bias + k * H + u0);
+      if (tr.z)
+        for (int k = 0; k < G; ++k) store(tr.z + n * a.z_ld + k * H + u0, g[r][k]);
+      if (tr.zb)
+        for (int k = 0; k < G; ++k)
+          store_bits(tr.zb + n * a.z_ld + k * H + u0, reinterpret_cast<const S*>(&g[r][k]), W);
     }
     vec gi[R], gf[R], gz[R], go[R], cn[R];
     for (int r = 0; r < R; ++r) gi[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oi])));
@@ -1468,6 +1482,7 @@ struct Fused {  // S: the scalar type
       const int64_t n = at.n(j0 + r), u0 = at.u(j0 + r);
       cn[r] = gf[r] * load(cprev.data + n * cprev.ld + u0) + gi[r] * gz[r];
       store(const_cast<S*>(c.data) + n * c.ld + u0, cn[r]);
+      if (tr.cb) store_bits(tr.cb + n * a.c_ld + u0, reinterpret_cast<const S*>(&cn[r]), W);
     }
     alignas(64) S phi[R][W];
     for (int r = 0; r < R; ++r) store(phi[r], to_vec(vmath::v16::tanh(to_m512(cn[r]))) * go[r]);
