@@ -307,12 +307,13 @@ def test_bfloat16_gradient_gemms_round_their_operands(name, bidirectional):
     float32 gradient op on the same arrays, past half a bfloat16 ulp of each output: at most
     5e-3 of the output's largest value (measured 3.3e-3), and 2e-2 at T = N = I = H = 1,
     whose source gradient is a sum of 4 terms that cancel (measured 1.3e-2); and not the
-    float32 op rounded once. Shapes with whole 32-blocks, ragged edges and (T·N = 4480) K in
-    two chunks, and T·N <= 32 rows at a layer's size, whose GEMMs are float32 FMAs on the
+    float32 op rounded once. Shapes with whole 32-blocks, ragged edges and (T·N = 8320) K in
+    chunks (the resident operand's chunk fills half of L2: two chunks of dW and dR at 2 MiB,
+    more below), and T·N <= 32 rows at a layer's size, whose GEMMs are float32 FMAs on the
     rounded operands (the kernels of few rows and short sums). Against the float64
     reference: test_gradients_reference."""
     rng = np.random.default_rng(8)
-    shapes = [(6, 3, 5, 17), (1, 1, 1, 1), (4, 16, 64, 32), (3, 17, 70, 33), (70, 64, 5, 17)]
+    shapes = [(6, 3, 5, 17), (1, 1, 1, 1), (4, 16, 64, 32), (3, 17, 70, 33), (130, 64, 5, 17)]
     shapes += [(1, 8, 230, 150), (4, 4, 230, 150)]
     rounded = 0.0
     for shape in shapes:
