@@ -107,6 +107,17 @@ def test_awkward_sizes_match_reference(rng, device, kind, T, N, I, H, bidirectio
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("N", [6, 7, 11, 13, 32])
+def test_lstm_batch_rows_in_split_tiles_match_reference(rng, device, N, dtype):
+    """With 16 vector registers (AVX2, generic) the CPU's LSTM products take 3-6 batch rows
+    per tile, two gates at a time, and an odd N's last row alone: every row count's split."""
+    desc = full_descriptor("lstm", bidirectional=True, training=True)
+    options = all_inputs("lstm")
+    options["I"] = 9
+    compare(rng, device, "lstm", dtype, desc, T=3, N=N, H=33, **options)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize(("T", "N"), [(0, 3), (4, 0), (0, 0)], ids=["T0", "N0", "T0-N0"])

@@ -363,40 +363,43 @@ struct Fused {  // S: the scalar type
   // out[r][g][:] = sum_k A[r, k] * Bp[k][g][:] for r < M. With few rows (N = 1 is the
   // GEMV of batch-1 inference) the M*G accumulation chains cannot hide the FMA latency,
   // so the k loop is split into U interleaved partial sums.
-  template <int G, int M, class P>
+  // The tile of gates G0 .. G0+GN-1 only (block_product_split's tiles) keeps the
+  // partial sums U of the whole tile of M rows, so that its elements' bits are the same.
+  template <int G, int M, class P, int G0 = 0, int GN = G>
   RNNCORE_TILE static void tile(const S* A, int64_t lda, int64_t K, const P* Bp, S* out,
                                 bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
-    if constexpr (M == 1 && std::is_same_v<P, Float16Halves>) {
+    if constexpr (M == 1 && GN == G && std::is_same_v<P, Float16Halves>) {
       return tile_halves<G, U>(A, K, reinterpret_cast<const uint16_t*>(Bp), out, accumulate);
     }
     const vec zero = {};
-    vec acc[U][M][G];
+    vec acc[U][M][GN];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < M; ++r)
-        for (int g = 0; g < G; ++g)
-          acc[u][r][g] =
-              u == 0 && accumulate ? *reinterpret_cast<const vec*>(out + (r * G + g) * W) : zero;
+        for (int g = 0; g < GN; ++g)
+          acc[u][r][g] = u == 0 && accumulate
+                             ? *reinterpret_cast<const vec*>(out + (r * G + G0 + g) * W)
+                             : zero;
     int64_t k = 0;
     for (; k + U <= K; k += U)
       for (int u = 0; u < U; ++u) {
-        vec b[G];
-        for (int g = 0; g < G; ++g) b[g] = load(Bp + ((k + u) * G + g) * W);
+        vec b[GN];
+        for (int g = 0; g < GN; ++g) b[g] = load(Bp + ((k + u) * G + G0 + g) * W);
         for (int r = 0; r < M; ++r) {
           const S a = A[r * lda + k + u];
-          for (int g = 0; g < G; ++g) acc[u][r][g] += a * b[g];
+          for (int g = 0; g < GN; ++g) acc[u][r][g] += a * b[g];
         }
       }
     for (; k < K; ++k)
       for (int r = 0; r < M; ++r) {
         const S a = A[r * lda + k];
-        for (int g = 0; g < G; ++g) acc[0][r][g] += a * load(Bp + (k * G + g) * W);
+        for (int g = 0; g < GN; ++g) acc[0][r][g] += a * load(Bp + (k * G + G0 + g) * W);
       }
     for (int r = 0; r < M; ++r)
-      for (int g = 0; g < G; ++g) {
+      for (int g = 0; g < GN; ++g) {
         vec sum = acc[0][r][g];
         for (int u = 1; u < U; ++u) sum += acc[u][r][g];
-        *reinterpret_cast<vec*>(out + (r * G + g) * W) = sum;
+        *reinterpret_cast<vec*>(out + (r * G + G0 + g) * W) = sum;
       }
   }
 
@@ -463,6 +466,10 @@ struct Fused {  // S: the scalar type
                             bool accumulate = false) {
     constexpr int M = rows<G>();
     constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(P))));
+    if constexpr (split_rows<G>() > M) {
+      if (N >= split_rows<G>())
+        return block_product_split<G, P, KC>(A, lda, N, K, panel, out, accumulate);
+    }
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - k0);
       for (int64_t n0 = 0; n0 < N; n0 += M) {
@@ -471,6 +478,46 @@ struct Fused {  // S: the scalar type
                         k0 > 0 || accumulate);
       }
     }
+  }
+
+  // With 16 vector registers (AVX2) the four LSTM gates' tile holds 2 rows, 8 accumulation
+  // chains: barely the FMA latency times its two pipes. Two gates at a time hold 6 rows
+  // (12 chains, 2 loads of the panel per 6 broadcasts, as OpenBLAS's 6x16 SGEMM kernel).
+  template <int G>
+  static constexpr int split_rows() {
+    return kRegs == 16 && G == 4 ? 6 : 0;
+  }
+  template <int G, class P, int64_t KC>
+  static void block_product_split(const S* A, int64_t lda, int64_t N, int64_t K, const P* panel,
+                                  S* out, bool accumulate) {
+    constexpr int M = split_rows<G>(), GN = G / 2;
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K - k0);
+      const bool acc = k0 > 0 || accumulate;
+      const P* Bp = panel + k0 * G * W;
+      // The rows in tiles of as even sizes as the tiles allow (N = 32: 6, 6, 5, 5, 5, 5), each
+      // of 3 rows at least. Two rows or more take one partial sum (tile's U), as the unsplit
+      // tiles of rows<G>() = 2 rows did, and the last row of an odd N the two of their tile
+      // of one row (its own tile here): the bits are theirs.
+      const int64_t even = N & ~int64_t(1);
+      const int64_t tiles = (even + M - 1) / M, base = even / tiles, extra = even % tiles;
+      for (int64_t i = 0, n0 = 0; i < tiles; ++i) {
+        const int m = static_cast<int>(base + (i < extra));
+        split_tile<G, P, GN, M>(m, A + n0 * lda + k0, lda, kc, Bp, out + n0 * G * W, acc);
+        n0 += m;
+      }
+      if (even < N) tile<G, 1>(A + even * lda + k0, lda, kc, Bp, out + even * G * W, acc);
+    }
+  }
+  template <int G, class P, int GN, int M>
+  static void split_tile(int m, const S* A, int64_t lda, int64_t K, const P* Bp, S* out,
+                         bool accumulate) {
+    static_assert(M >= 3 && G * 2 >= 8, "one partial sum (tile's U) from 2 rows on");
+    if constexpr (M > 3) {
+      if (m < M) return split_tile<G, P, GN, M - 1>(m, A, lda, K, Bp, out, accumulate);
+    }
+    tile<G, M, P, 0, GN>(A, lda, K, Bp, out, accumulate);
+    tile<G, M, P, GN, GN>(A, lda, K, Bp, out, accumulate);
   }
 
   // v[0:W] = F(v[0:W]) in place; sigmoid and tanh by vmath's AVX-512 forms where they exist.
