@@ -1836,11 +1836,14 @@ struct Fused {  // S: the scalar type
     }
   }
 
-  // Two column panels of kProductRows rows at once: 2 × 8 accumulation chains, where one
-  // panel's 8 barely cover the FMA latency. Each element's arithmetic is tile<1, 8>'s.
+  // Two column panels of M rows at once: 2 × M accumulation chains, where one panel's 8
+  // barely cover the FMA latency. Each element's arithmetic is tile<1, 8>'s (one sum in k
+  // order). M = 8 with 32 vector registers; with 16 (AVX2) 2 × 8 accumulators spilled to the
+  // stack in every k step, and 6 rows fit (12, beside the two panels' vectors and a broadcast).
+  static constexpr int kPairRows = kRegs == 16 ? 6 : kProductRows;
+  template <int M>
   static void tile_pair(const S* A, int64_t lda, int64_t K, const S* B0, const S* B1, S* out0,
                         S* out1, bool accumulate) {
-    constexpr int M = kProductRows;
     const vec zero = {};
     vec acc0[M], acc1[M];
     for (int r = 0; r < M; ++r) {
@@ -1860,23 +1863,39 @@ struct Fused {  // S: the scalar type
       store(out1 + r * W, acc1[r]);
     }
   }
+  template <int M = kPairRows>
+  static void pair_tile(int m, const S* A, int64_t lda, int64_t K, const S* B0, const S* B1,
+                        S* out0, S* out1, bool accumulate) {
+    if constexpr (M > 2) {
+      if (m < M) return pair_tile<M - 1>(m, A, lda, K, B0, B1, out0, out1, accumulate);
+    }
+    tile_pair<M>(A, lda, K, B0, B1, out0, out1, accumulate);
+  }
 
-  // block_product<1> of two panels (the same k blocks, so the same bits): whole row tiles
-  // by tile_pair, the last partial one panel after the other.
+  // block_product<1> of two panels (the same k blocks, so the same bits): the rows of whole
+  // row tiles of kProductRows by tile_pair (in tiles of kPairRows rows or as even sizes
+  // below it), the last partial one (whose tile<1, m> takes partial sums) one panel after the
+  // other.
   static void pair_product(const S* A, int64_t lda, int64_t M, int64_t K, const S* B0, const S* B1,
                            S* out0, S* out1) {
     constexpr int64_t KC = std::max<int64_t>(16, 24576 / (W * static_cast<int64_t>(sizeof(S))));
+    const int64_t whole = M / kProductRows * kProductRows;
+    const int64_t tiles = (whole + kPairRows - 1) / kPairRows;
+    const int64_t base = tiles ? whole / tiles : 0, extra = tiles ? whole % tiles : 0;
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const int64_t kc = std::min<int64_t>(KC, K - k0);
-      for (int64_t n0 = 0; n0 < M; n0 += kProductRows) {
-        const int m = static_cast<int>(std::min<int64_t>(kProductRows, M - n0));
+      int64_t n0 = 0;
+      for (int64_t i = 0; i < tiles; ++i) {
+        const int m = static_cast<int>(base + (i < extra));
+        pair_tile(m, A + n0 * lda + k0, lda, kc, B0 + k0 * W, B1 + k0 * W, out0 + n0 * W,
+                  out1 + n0 * W, k0 > 0);
+        n0 += m;
+      }
+      if (n0 < M) {
+        const int m = static_cast<int>(M - n0);
         const S* a = A + n0 * lda + k0;
-        if (m == kProductRows) {
-          tile_pair(a, lda, kc, B0 + k0 * W, B1 + k0 * W, out0 + n0 * W, out1 + n0 * W, k0 > 0);
-        } else {
-          tile_rows<1, S>(m, a, lda, kc, B0 + k0 * W, out0 + n0 * W, k0 > 0);
-          tile_rows<1, S>(m, a, lda, kc, B1 + k0 * W, out1 + n0 * W, k0 > 0);
-        }
+        tile_rows<1, S>(m, a, lda, kc, B0 + k0 * W, out0 + n0 * W, k0 > 0);
+        tile_rows<1, S>(m, a, lda, kc, B1 + k0 * W, out1 + n0 * W, k0 > 0);
       }
     }
   }
