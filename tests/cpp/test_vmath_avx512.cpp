@@ -1,17 +1,20 @@
 // vmath's AVX-512 sigmoid, tanh and exp (the fused kernels' activations on AVX-512) against
-// float64 libm over every 64th float bit pattern, and their special values; this file is
-// built with -mavx512f and each test skips on a processor without it.
+// float64 libm over every 64th float bit pattern, and their special values. The forms run in
+// vmath_avx512_forms.cpp (built with -mavx512f); each test skips on a processor without it.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "cpu/vmath.hpp"
+namespace rnncore_test {
+void avx512_sigmoid(const float* x, float* y, int64_t n);
+void avx512_tanh(const float* x, float* y, int64_t n);
+void avx512_exp_nonpositive(const float* x, float* y, int64_t n);
+}  // namespace rnncore_test
 
 namespace {
-
-namespace v16 = rnncore::cpu::vmath::v16;
 
 bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
 
@@ -22,11 +25,9 @@ double ulp_error(float got, double want) {
   return std::fabs(static_cast<double>(got) - want) / ulp;
 }
 
-template <class Fn>
-std::vector<float> map16(Fn f, const std::vector<float>& x) {
+std::vector<float> map16(void (*f)(const float*, float*, int64_t), const std::vector<float>& x) {
   std::vector<float> y(x.size());
-  for (size_t i = 0; i + 16 <= x.size(); i += 16)
-    _mm512_storeu_ps(y.data() + i, f(_mm512_loadu_ps(x.data() + i)));
+  f(x.data(), y.data(), static_cast<int64_t>(x.size()));
   return y;
 }
 
@@ -47,8 +48,8 @@ std::vector<float> sweep(uint32_t step) {
 TEST(VmathAvx512, SigmoidAndTanhWithinTheirUlpBounds) {
   if (!has_avx512()) GTEST_SKIP() << "no AVX-512";
   const auto x = sweep(64);
-  const auto s = map16([](__m512 v) { return v16::sigmoid(v); }, x);
-  const auto t = map16([](__m512 v) { return v16::tanh(v); }, x);
+  const auto s = map16(rnncore_test::avx512_sigmoid, x);
+  const auto t = map16(rnncore_test::avx512_tanh, x);
   double ws = 0, wt = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     ws = std::max(ws, ulp_error(s[i], 1.0 / (1.0 + std::exp(-double(x[i])))));
@@ -64,7 +65,7 @@ TEST(VmathAvx512, ExpAcrossItsRangeAndClamp) {
   std::vector<float> x;
   for (float v = -110.0f; v <= 0.0f; v += 0.00171f) x.push_back(v);
   x.resize(x.size() / 16 * 16);
-  const auto e = map16([](__m512 v) { return v16::exp_nonpositive(v); }, x);
+  const auto e = map16(rnncore_test::avx512_exp_nonpositive, x);
   double worst = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     // Below -104 the argument is clamped there (the result is 0 or the least subnormal).
@@ -79,8 +80,8 @@ TEST(VmathAvx512, SpecialValues) {
   const float inf = INFINITY, nan = std::nanf("");
   std::vector<float> x = {nan,   -nan,   inf,    -inf,    0.f,  -0.f,  100.f, -100.f,
                           1e30f, -1e30f, 1e-40f, -1e-40f, 2.5f, -2.5f, 0.55f, -0.55f};
-  const auto s = map16([](__m512 v) { return v16::sigmoid(v); }, x);
-  const auto t = map16([](__m512 v) { return v16::tanh(v); }, x);
+  const auto s = map16(rnncore_test::avx512_sigmoid, x);
+  const auto t = map16(rnncore_test::avx512_tanh, x);
   EXPECT_TRUE(std::isnan(s[0]) && std::isnan(s[1]) && std::isnan(t[0]) && std::isnan(t[1]));
   EXPECT_EQ(s[2], 1.0f);
   EXPECT_EQ(s[3], 0.0f);
