@@ -6,8 +6,9 @@
 
 The same bench as ``python -m rnncore bench`` (rnncore.bench, where every option is
 described); run from a checkout, it records the checkout's commit. The committed results in
-bench/results/ were made with ``--threads 1 2 --out bench/results`` (and ``--loaded``);
-replacing them takes ``--force``.
+bench/results/ were made with ``--threads 2 --out DIR --force`` on an Intel Xeon (those in
+bench/results/amd-zen3/ on an AMD EPYC), loaded.md with ``--loaded``; replacing files takes
+``--force``.
 """
 
 import sys
