@@ -1,4 +1,4 @@
-// vmath's AVX-512 forms over arrays, for test_vmath_avx512.cpp: the only code built with
+// vmath's AVX-512 forms over arrays, for test_vmath_vector.cpp: the only code built with
 // -mavx512f in the tests, and nothing here that another translation unit also defines (no
 // gtest, no std templates), so that no AVX-512 copy of a shared inline function can be the
 // one the linker keeps for a processor without it.

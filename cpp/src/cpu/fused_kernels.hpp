@@ -46,6 +46,12 @@
 #else
 #define RNNCORE_FUSED_AMX 0
 #endif
+// The one-pass epilogues' vector activations: vmath::v16 (AVX-512) or v8 (AVX2 and FMA).
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define RNNCORE_FUSED_ROWS 1
+#else
+#define RNNCORE_FUSED_ROWS 0
+#endif
 #if RNNCORE_FUSED_DOT_BF16
 #include "cpu/bf16_gemm.hpp"  // the gradients' bfloat16 GEMMs (and AMX's tile configuration)
 #endif
@@ -83,6 +89,15 @@ struct Fused {  // S: the scalar type
 
   // Panels of R in 16 bits (float16 or bfloat16 storage): half the bytes each step streams
   // from L2.
+  // The one-pass LSTM and GRU epilogues (lstm_rows, gru_rows) for float32 vectors of 16
+  // (AVX-512) or 8 (AVX2).
+#if defined(__AVX512F__)
+  static constexpr bool kRows = std::is_same_v<S, float> && W == 16;
+#elif RNNCORE_FUSED_ROWS
+  static constexpr bool kRows = std::is_same_v<S, float> && W == 8;
+#else
+  static constexpr bool kRows = false;
+#endif
   static constexpr bool kHalfPanels =
       RNNCORE_FUSED_HALF_PANELS && std::is_same_v<S, float> && (W == 8 || W == 16);
   static vec load(const S* p) { return *reinterpret_cast<const vec*>(p); }
@@ -144,6 +159,55 @@ struct Fused {  // S: the scalar type
   // tolerance): two vdpbf16ps per pair of k, still fewer instructions than the widened
   // panels' two FMAs and four conversions.
   static constexpr bool kDotBf16 = RNNCORE_FUSED_DOT_BF16 && kHalfPanels && W == 16;
+  // AVX2: a k-row of bfloat16 panels holds gates 2j and 2j+1 in the halves of 32-bit slots
+  // ([g/2][w][2]; an odd last gate as it is), so that one load and a shift or a mask widen
+  // two gates' vectors, where a zero-extend per gate (a shuffle each) bound batch 1. The
+  // same products in the same order: the same bits.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  static constexpr bool kGatePairs = kHalfPanels && W == 8;
+#else
+  static constexpr bool kGatePairs = false;
+#endif
+  // The GN gate vectors from G0 of the k-row `row` of a panel (G0 even with gate pairs).
+  template <int G, int G0, int GN, class P>
+  static RNNCORE_VMATH_INLINE void load_gates(const P* row, vec (&b)[GN]) {
+    if constexpr (kGatePairs && std::is_same_v<P, BFloat16Elem>) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+      static_assert(G0 % 2 == 0, "gate pairs start at even gates");
+      constexpr int pairs = (G0 + GN == G && G % 2 == 1) ? (GN - 1) / 2 : GN / 2;
+      static_assert(pairs * 2 == GN || (G0 + GN == G && G % 2 == 1), "whole gate pairs");
+      const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+      for (int j = 0; j < pairs; ++j) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (G0 + 2 * j) * W));
+        const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        std::memcpy(&b[2 * j], &lo, sizeof lo);
+        std::memcpy(&b[2 * j + 1], &hi, sizeof hi);
+      }
+      if constexpr (pairs * 2 < GN) b[GN - 1] = load(row + (G0 + GN - 1) * W);
+#endif
+    } else {
+      for (int g = 0; g < GN; ++g) b[g] = load(row + (G0 + g) * W);
+    }
+  }
+  // pack_panels's k-rows of panel (K rows of G gates) into gate pairs, in place.
+  template <int G, class P>
+  static void pair_gates(P* panel, int64_t K) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    if constexpr (kGatePairs && std::is_same_v<P, BFloat16Elem>) {
+      for (int64_t k = 0; k < K; ++k)
+        for (int j = 0; j + 1 < G; j += 2) {
+          P* row = panel + (k * G + j) * W;
+          const __m128i g0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+          const __m128i g1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + W));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row), _mm_unpacklo_epi16(g0, g1));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + W), _mm_unpackhi_epi16(g0, g1));
+        }
+    }
+#endif
+    (void)panel, (void)K;
+  }
   // Two bfloat16, the lower k low (2-byte aligned: a caller's bfloat16 rows read in place).
   typedef uint32_t Pair __attribute__((may_alias, aligned(2)));
 
@@ -384,17 +448,20 @@ struct Fused {  // S: the scalar type
     for (; k + U <= K; k += U)
       for (int u = 0; u < U; ++u) {
         vec b[GN];
-        for (int g = 0; g < GN; ++g) b[g] = load(Bp + ((k + u) * G + G0 + g) * W);
+        load_gates<G, G0, GN>(Bp + (k + u) * G * W, b);
         for (int r = 0; r < M; ++r) {
           const S a = A[r * lda + k + u];
           for (int g = 0; g < GN; ++g) acc[u][r][g] += a * b[g];
         }
       }
-    for (; k < K; ++k)
+    for (; k < K; ++k) {
+      vec b[GN];
+      load_gates<G, G0, GN>(Bp + k * G * W, b);
       for (int r = 0; r < M; ++r) {
         const S a = A[r * lda + k];
-        for (int g = 0; g < GN; ++g) acc[0][r][g] += a * load(Bp + (k * G + G0 + g) * W);
+        for (int g = 0; g < GN; ++g) acc[0][r][g] += a * b[g];
       }
+    }
     for (int r = 0; r < M; ++r)
       for (int g = 0; g < GN; ++g) {
         vec sum = acc[0][r][g];
@@ -520,7 +587,8 @@ struct Fused {  // S: the scalar type
     tile<G, M, P, GN, GN>(A, lda, K, Bp, out, accumulate);
   }
 
-  // v[0:W] = F(v[0:W]) in place; sigmoid and tanh by vmath's AVX-512 forms where they exist.
+  // v[0:W] = F(v[0:W]) in place; sigmoid and tanh by vmath's AVX-512 or AVX2 forms where they
+  // exist.
   template <class F>
   static RNNCORE_VMATH_INLINE void apply(F f, S* v) {
 #if defined(__AVX512F__)
@@ -529,6 +597,13 @@ struct Fused {  // S: the scalar type
         return _mm512_storeu_ps(v, vmath::v16::sigmoid(_mm512_loadu_ps(v)));
       if constexpr (std::is_same_v<F, act::Tanh<S>>)
         return _mm512_storeu_ps(v, vmath::v16::tanh(_mm512_loadu_ps(v)));
+    }
+#elif RNNCORE_FUSED_ROWS
+    if constexpr (std::is_same_v<S, float> && W == 8) {
+      if constexpr (std::is_same_v<F, act::Sigmoid<S>>)
+        return _mm256_storeu_ps(v, vmath::v8::sigmoid(_mm256_loadu_ps(v)));
+      if constexpr (std::is_same_v<F, act::Tanh<S>>)
+        return _mm256_storeu_ps(v, vmath::v8::tanh(_mm256_loadu_ps(v)));
     }
 #endif
     for (int w = 0; w < W; ++w) v[w] = f.value(v[w]);
@@ -775,6 +850,7 @@ struct Fused {  // S: the scalar type
           }
         }
       }
+      pair_gates<G>(panel, K);
     }
   }
 
@@ -1459,8 +1535,8 @@ struct Fused {  // S: the scalar type
         const int64_t be = std::min(b1, bg + kBatch);
         for (int64_t b = bg; b < be; ++b)
           panel_product<G>(p, a, bf, b * G, op, 1, rows_of + (b - bg) * G * W);
-#if defined(__AVX512F__)
-        if constexpr (std::is_same_v<S, float> && W == 16) {
+#if RNNCORE_FUSED_ROWS
+        if constexpr (kRows) {
           if (one_pass) {
             lstm_rows(p, a, bf, s, 0, 0, bg * W, W, be - bg, x, xn, nullptr, nullptr, cprev, c, y,
                       yb, {z, zb, cb}, rows_of);
@@ -1501,8 +1577,8 @@ struct Fused {  // S: the scalar type
           if (!pre) lstm_projection(p, a, bf, s, b, xblk);
         }
       }
-#if defined(__AVX512F__)
-      if constexpr (std::is_same_v<S, float> && W == 16) {
+#if RNNCORE_FUSED_ROWS
+      if constexpr (kRows) {
         if (one_pass && H - b * W >= W) {
           lstm_rows(p, a, bf, s, 0, 1, b * W, 0, N, x, xn, pairs ? xblk : nullptr,
                     fused ? bias : nullptr, cprev, c, y, yb, {z, zb, cb}, vb);
@@ -1524,7 +1600,7 @@ struct Fused {  // S: the scalar type
     }
   }
 
-#if defined(__AVX512F__)
+#if RNNCORE_FUSED_ROWS
   // The training forward's outputs of lstm_rows, where wanted: the step's rows of the
   // training state (float32 or bfloat16 bits) and of the bfloat16 cell.
   struct Training {
@@ -1586,10 +1662,10 @@ struct Fused {  // S: the scalar type
           store_bits(tr.zb + n * a.z_ld + k * H + u0, reinterpret_cast<const S*>(&g[r][k]), W);
     }
     vec gi[R], gf[R], gz[R], go[R], cn[R];
-    for (int r = 0; r < R; ++r) gi[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oi])));
-    for (int r = 0; r < R; ++r) gf[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][of])));
-    for (int r = 0; r < R; ++r) gz[r] = to_vec(vmath::v16::tanh(to_m512(g[r][oz])));
-    for (int r = 0; r < R; ++r) go[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][oo])));
+    for (int r = 0; r < R; ++r) gi[r] = vsigmoid(g[r][oi]);
+    for (int r = 0; r < R; ++r) gf[r] = vsigmoid(g[r][of]);
+    for (int r = 0; r < R; ++r) gz[r] = vtanh(g[r][oz]);
+    for (int r = 0; r < R; ++r) go[r] = vsigmoid(g[r][oo]);
     for (int r = 0; r < R; ++r) {
       const int64_t n = at.n(j0 + r), u0 = at.u(j0 + r);
       cn[r] = gf[r] * load(cprev.data + n * cprev.ld + u0) + gi[r] * gz[r];
@@ -1597,7 +1673,7 @@ struct Fused {  // S: the scalar type
       if (tr.cb) store_bits(tr.cb + n * a.c_ld + u0, reinterpret_cast<const S*>(&cn[r]), W);
     }
     alignas(64) S phi[R][W];
-    for (int r = 0; r < R; ++r) store(phi[r], to_vec(vmath::v16::tanh(to_m512(cn[r]))) * go[r]);
+    for (int r = 0; r < R; ++r) store(phi[r], vtanh(cn[r]) * go[r]);
     for (int r = 0; r < R; ++r) store_h(a, bf, y, at.n(j0 + r), at.u(j0 + r), W, phi[r], s, H, yb);
   }
   // gru_after's epilogue of full panels with sigmoid z and r, tanh candidate and no training
@@ -1631,10 +1707,10 @@ struct Fused {  // S: the scalar type
       if (b2) g[r][2] += load(b2 + u0);
     }
     vec gz[R], gr[R], q[R];
-    for (int r = 0; r < R; ++r) gz[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][zo])));
-    for (int r = 0; r < R; ++r) gr[r] = to_vec(vmath::v16::sigmoid(to_m512(g[r][ro])));
+    for (int r = 0; r < R; ++r) gz[r] = vsigmoid(g[r][zo]);
+    for (int r = 0; r < R; ++r) gr[r] = vsigmoid(g[r][ro]);
     for (int r = 0; r < R; ++r) q[r] = load(xr[r] + 2 * xp.gs) + gr[r] * g[r][2];
-    for (int r = 0; r < R; ++r) q[r] = to_vec(vmath::v16::tanh(to_m512(q[r])));
+    for (int r = 0; r < R; ++r) q[r] = vtanh(q[r]);
     alignas(64) S o[R][W];
     for (int r = 0; r < R; ++r) {
       const int64_t j = j0 + r;
@@ -1646,16 +1722,29 @@ struct Fused {  // S: the scalar type
     }
     for (int r = 0; r < R; ++r) store_h(a, bf, y, at.n(j0 + r), at.u(j0 + r), W, o[r], s, H);
   }
-  static __m512 to_m512(vec v) {
-    __m512 r;
+  // The activations of lstm_rows and gru_rows, by vmath's vector forms.
+#if defined(__AVX512F__)
+  using Native = __m512;
+#else
+  using Native = __m256;
+#endif
+  static Native native(vec v) {
+    Native r;
     std::memcpy(&r, &v, sizeof r);
     return r;
   }
-  static vec to_vec(__m512 v) {
+  static vec of_native(Native v) {
     vec r;
     std::memcpy(&r, &v, sizeof r);
     return r;
   }
+#if defined(__AVX512F__)
+  static vec vsigmoid(vec v) { return of_native(vmath::v16::sigmoid(native(v))); }
+  static vec vtanh(vec v) { return of_native(vmath::v16::tanh(native(v))); }
+#else
+  static vec vsigmoid(vec v) { return of_native(vmath::v8::sigmoid(native(v))); }
+  static vec vtanh(vec v) { return of_native(vmath::v8::tanh(native(v))); }
+#endif
 #endif
 
   // ---- GRU ----------------------------------------------------------------------------
@@ -1681,8 +1770,8 @@ struct Fused {  // S: the scalar type
     const auto [x, y, z] = step_rows(p, a, s);
     const S* xn = next_x(p, a, s);
     prefetch_x(p, a, x, 0, G, b0, b1);
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<S, float> && W == 16) {
+#if RNNCORE_FUSED_ROWS
+    if constexpr (kRows) {
       const Activation act_z = p.gate_act[p.gru_z], act_r = p.gate_act[p.gru_r],
                        act_o = p.gate_act[2];
       // The usual layer's epilogue in one pass (gru_rows); at batch 1 over the panels of a

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -145,7 +145,7 @@ RNNCORE_VMATH_INLINE F sigmoid(F x) {
 // (vmath_avx512.cpp): the same reduction and polynomials as above, with vscalefps for 2^n
 // (one rounding, subnormal results included) and a reciprocal estimate refined by a Newton
 // step in place of each division (vdivps, at 10 cycles a vector, was a third of the LSTM's
-// gate activations). tests/cpp/test_vmath_avx512.cpp bounds their error.
+// gate activations). tests/cpp/test_vmath_vector.cpp bounds their error.
 namespace v16 {
 // (maskz with every lane: the unmasked forms' undefined pass-through trips GCC's
 // uninitialised warning)
@@ -194,6 +194,60 @@ RNNCORE_VMATH_INLINE __m512 tanh(__m512 x) {
   return with_sign(_mm512_mask_blend_ps(lt, big, small), x);  // odd: tanh(-0) = -0
 }
 }  // namespace v16
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// 8 floats at a time, for the AVX2 fused kernels' one-pass epilogues: v16's reduction and
+// polynomials, 2^n applied in two halves (times_pow2; AVX2 has no vscalefps) and a true
+// division (vdivps issues once per ~4 cycles at 256 bits on Zen 2 and Haswell, and the
+// five activations of an LSTM unit keep the FMA pipes busier than that).
+// tests/cpp/test_vmath_vector.cpp bounds their error.
+namespace v8 {
+RNNCORE_VMATH_INLINE __m256 splat(float c) { return _mm256_set1_ps(c); }
+RNNCORE_VMATH_INLINE __m256 sign_bits(__m256 x) {
+  return _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u))));
+}
+RNNCORE_VMATH_INLINE __m256 abs(__m256 x) {
+  return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u))), x);
+}
+RNNCORE_VMATH_INLINE __m256 exp_nonpositive(__m256 x) {
+  using B = Binary<float>;
+  x = _mm256_max_ps(splat(B::kExpMin), x);  // NaN stays NaN (max returns its second operand)
+  const __m256 t = _mm256_fmadd_ps(x, splat(B::kLog2e), splat(B::kRound));
+  const __m256 n = _mm256_sub_ps(t, splat(B::kRound));
+  __m256 r = _mm256_fnmadd_ps(n, splat(B::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, splat(B::kLn2Lo), r);
+  __m256 p = splat(B::kExpTaylor[0]);
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, splat(B::kExpTaylor[i]));
+  // n from t's low bits (times_pow2), as two halves n1 + n2 whose powers are normal.
+  const __m256i ni =
+      _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(int32_t(B::kRoundBits)));
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(B::kBias);
+  const __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), B::kMantissa));
+  const __m256 s2 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), B::kMantissa));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+RNNCORE_VMATH_INLINE __m256 sigmoid(__m256 x) {
+  const __m256 e = exp_nonpositive(_mm256_or_ps(abs(x), sign_bits(splat(-1.0f))));  // e^-|x|
+  const __m256 s = _mm256_div_ps(splat(1.0f), _mm256_add_ps(splat(1.0f), e));
+  const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  return _mm256_blendv_ps(s, _mm256_mul_ps(e, s), neg);
+}
+RNNCORE_VMATH_INLINE __m256 tanh(__m256 x) {
+  const __m256 a = abs(x), u = _mm256_mul_ps(x, x);
+  const auto& c = Binary<float>::kTanhPoly;
+  __m256 q = splat(c[0]);
+  for (int i = 1; i < 7; ++i) q = _mm256_fmadd_ps(q, u, splat(c[i]));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(a, u), q, a);
+  const __m256 e = exp_nonpositive(_mm256_mul_ps(splat(-2.0f), a));
+  const __m256 big = _mm256_div_ps(_mm256_sub_ps(splat(1.0f), e), _mm256_add_ps(splat(1.0f), e));
+  const __m256 lt = _mm256_cmp_ps(a, splat(Binary<float>::kTanhSmall), _CMP_LT_OQ);
+  return _mm256_or_ps(_mm256_blendv_ps(big, small, lt), sign_bits(x));  // odd: tanh(-0) = -0
+}
+}  // namespace v8
 #endif
 
 // Array forms (vmath.cpp), compiled for several x86 levels and picked at load time.
