@@ -102,6 +102,25 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
             )
 
 
+@pytest.mark.parametrize("panels", ["narrow", "wide"])
+def test_float16_panels_of_r_narrow_or_widened_once(panels):
+    """float16 R at few rows as 16-bit panels that the steps' tiles widen, or as float32
+    panels widened once (AVX2's choice where each thread's share fits its L2): both
+    forced in a fresh process, the same bits as the float32 operation's."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RNNCORE_F16_R=panels)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "rounded_once and float16"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-3000:]
+
+
 @pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
 def test_every_fused_kernel_variant(isa):
     """The same on the other instruction-set variants (chosen once per process, so in a

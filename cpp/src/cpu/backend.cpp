@@ -4,15 +4,21 @@
 // problem's shape that the pool's threads claim.
 #include "core/backend.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #include "core/block_cache.hpp"
 #include "cpu/aligned.hpp"
@@ -335,6 +341,7 @@ struct NarrowR {
   uint16_t* y_bits = nullptr;
   uint16_t* c_bits = nullptr;
   uint16_t* z_bits = nullptr;
+  bool widen = false;  // float16 bits packed into float32 panels (f16_widened_panels)
 };
 
 // Whether the fused forward projects each step's rows itself (from 16 batch rows, where a
@@ -418,6 +425,7 @@ void forward_op(const Problem& problem, const detail::ForwardArrays& in, NarrowR
     direction_inputs(p, in, mask.data(), d, a);
     a.R_narrow = r16.bits ? r16.bits + d * p.gh() * H : nullptr;
     a.R_bfloat16 = r16.dtype == DType::BFloat16;
+    a.R_widen = r16.widen && a.R_narrow;
     a.xp = off(xp, d * p.gh());
     a.xp_ld = dgh;
     if (p.fused_projection || p.lazy_projection) {
@@ -637,6 +645,35 @@ Tensor project_pairs(const Problem& p, const detail::ForwardArrays& a, const voi
 // faster (LSTM 1.40-1.43 against 1.46-1.51), and at N=1 level.
 constexpr int64_t kWideRows = 4;
 
+// The bytes of L2 a core has (Linux's sysconf; 256 KiB where it does not say).
+int64_t l2_bytes() {
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+  const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (v > 0) return v;
+#endif
+  return 256 * 1024;
+}
+
+// Whether a float16 forward of few rows packs R into float32 panels widened once (rather
+// than 16-bit panels that every step's tiles widen): on AVX2 (8 lanes), where vcvtph2ps
+// costs more than streaming twice the bytes from L2, while the machine's share of them per
+// core fits its L2 (Zen 2, T=100 N=1 H=256, 2 threads, alternating runs: GRU 1.00-1.02 ->
+// 0.94-0.98 ms, LSTM 1.28-1.32 -> 1.23-1.30 ms). The float32 panels run the float32 op's
+// kernels: its bits, rounded once. RNNCORE_F16_R=narrow|wide forces the choice.
+bool f16_widened_panels(const Problem& p, const FusedOps<float>& k) {
+  static const std::string forced = [] {
+    const char* v = std::getenv("RNNCORE_F16_R");
+    return std::string(v ? v : "");
+  }();
+  if (forced == "narrow") return false;
+  if (forced == "wide") return true;
+  // The machine's cores, not the call's threads: a choice that set_num_threads changed would
+  // change the bits where the two panels' kernels round differently (their epilogues).
+  const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t bytes = p.D * p.G * p.H * p.H * 4;
+  return k.width == 8 && bytes <= l2_bytes() * std::min(threads, p.D * ((p.H + 7) / 8));
+}
+
 void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   Problem q = p;
   q.dtype = DType::Float32;
@@ -675,6 +712,8 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   // bytes, and the conversions compete with the FMAs (on Intel vcvtph2ps issues on the FMA
   // ports). The same float32 arithmetic on the same values: the same bits.
   const bool wide = fused && !dot && p.N >= kWideRows;
+  const bool widened = fused && !dot && !wide && p.dtype == DType::Float16 && k.narrow_panels &&
+                       f16_widened_panels(p, k);
   detail::ForwardArrays f = widen_inputs(p, a, w, (fused && k.narrow_panels && !wide) || R_stored,
                                          pairs || fused_pairs, W_half || W_stored);
   Tensor projected;
@@ -693,6 +732,7 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
       pairs ? projected.data() : nullptr,
       fused_pairs ? static_cast<const uint16_t*>(a.source) : nullptr,
       fused_pairs || W_half || W_stored ? static_cast<const uint16_t*>(a.input_weight) : nullptr};
+  r16.widen = widened;
   if (bits_out) {
     r16.y_bits = static_cast<uint16_t*>(a.state);
     r16.c_bits = static_cast<uint16_t*>(a.cell);

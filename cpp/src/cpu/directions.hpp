@@ -15,6 +15,8 @@ struct DirectionInputs {
   // for the fused forward's panels; R above is its float32 copy. Null otherwise.
   const uint16_t* R_narrow = nullptr;
   bool R_bfloat16 = false;
+  // float16 R_narrow packed into float32 panels, widened once (forward_narrow says when).
+  bool R_widen = false;
   const void* h0 = nullptr;  // [N, H] or null (zeros)
   int64_t h0_ld = 0;
   const void* c0 = nullptr;  // LSTM [N, H] or null (zeros)

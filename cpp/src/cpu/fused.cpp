@@ -139,7 +139,8 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   // the bfloat16 GRU at H = 64 took 1.45x). Two phases a step wait twice: from 96 KiB.
   // Not where the directions already fill the threads.
   const int phases = k.phases(p);
-  const int64_t elem = dirs[0].R_narrow && k.narrow_panels ? 2 : int64_t(sizeof(T));
+  const int64_t elem =
+      dirs[0].R_narrow && !dirs[0].R_widen && k.narrow_panels ? 2 : int64_t(sizeof(T));
   const int64_t panel_bytes = nb * p.G * K * k.width * elem;
   const bool small_split = p.D < threads && panel_bytes > (phases == 2 ? 96 : 28) * 1024;
   const int64_t least = small_split ? 4096 : 65536;

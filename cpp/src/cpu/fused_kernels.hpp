@@ -832,26 +832,48 @@ struct Fused {  // S: the scalar type
   template <int G, class P>
   static void pack_panels(const P* R, int64_t H, int64_t K, const int (&gates)[G], int64_t b0,
                           int64_t b1, P* Bp) {
+    for (int64_t b = b0; b < b1; ++b) pack_panel(R, H, K, gates, b, Bp + b * K * G * W);
+  }
+
+  // pack_panels of float16 R into float32 panels (Dir::R_widen): each panel packed as float16
+  // into its own upper half, then widened forwards in place (a vector's bytes are read before
+  // any write reaches them). The values exactly: the float32 panels' bits.
+  template <int G>
+  static void pack_widened(const uint16_t* R, int64_t H, int64_t K, const int (&gates)[G],
+                           int64_t b0, int64_t b1, S* Bp) {
+    if constexpr (kHalfPanels) {
+      const int64_t n = K * G * W;  // (even: W is)
+      for (int64_t b = b0; b < b1; ++b) {
+        S* panel = Bp + b * n;
+        const uint16_t* half = reinterpret_cast<uint16_t*>(panel + n / 2);
+        pack_panel(R, H, K, gates, b, reinterpret_cast<uint16_t*>(panel + n / 2));
+        for (int64_t i = 0; i < n; i += W) store(panel + i, load(half + i));
+      }
+    } else {
+      (void)R, (void)H, (void)K, (void)gates, (void)b0, (void)b1, (void)Bp;
+    }
+  }
+
+  template <int G, class P>
+  static void pack_panel(const P* R, int64_t H, int64_t K, const int (&gates)[G], int64_t b,
+                         P* panel) {
     // By blocks of W×KB: the W rows' blocks stay in L1 while the panel's lines are written
     // (a whole row per unit would write a line per k, every row).
     constexpr int64_t KB = 16;
-    for (int64_t b = b0; b < b1; ++b) {
-      P* panel = Bp + b * K * G * W;
-      const int64_t wv = std::min<int64_t>(W, H - b * W);
-      const int64_t kv = wv == W ? transposed_panels(R, H, K, gates, b, panel) : 0;
-      for (int64_t k0 = kv; k0 < K; k0 += KB) {
-        const int64_t kb = std::min(KB, K - k0);
-        for (int g = 0; g < G; ++g) {
-          const P* rows = R + (gates[g] * H + b * W) * K + k0;
-          for (int64_t k = 0; k < kb; ++k) {
-            P* out = panel + ((k0 + k) * G + g) * W;
-            for (int64_t w = 0; w < wv; ++w) out[w] = rows[w * K + k];
-            for (int64_t w = wv; w < W; ++w) out[w] = P{};
-          }
+    const int64_t wv = std::min<int64_t>(W, H - b * W);
+    const int64_t kv = wv == W ? transposed_panels(R, H, K, gates, b, panel) : 0;
+    for (int64_t k0 = kv; k0 < K; k0 += KB) {
+      const int64_t kb = std::min(KB, K - k0);
+      for (int g = 0; g < G; ++g) {
+        const P* rows = R + (gates[g] * H + b * W) * K + k0;
+        for (int64_t k = 0; k < kb; ++k) {
+          P* out = panel + ((k0 + k) * G + g) * W;
+          for (int64_t w = 0; w < wv; ++w) out[w] = rows[w * K + k];
+          for (int64_t w = wv; w < W; ++w) out[w] = P{};
         }
       }
-      pair_gates<G>(panel, K);
     }
+    pair_gates<G>(panel, K);
   }
 
   // Workspace (elements): packed panels, two masked-state buffers, zeros, and per-op extras;
@@ -909,7 +931,9 @@ struct Fused {  // S: the scalar type
   }
 
   // Whether direction a's panels are 16-bit (narrow storage and an ISA that converts).
-  static bool half_panels(const Dir& a) { return kHalfPanels && a.R_narrow != nullptr; }
+  static bool half_panels(const Dir& a) {
+    return kHalfPanels && a.R_narrow != nullptr && !a.R_widen;
+  }
   // Whether W's panels are float16 (lazy_projection of float16 storage: W_bits, W null).
   static bool half_w(const Dir& a) { return kHalfPanels && a.W_bits && !a.R_bfloat16; }
   // Whether direction a's panels are bfloat16 pairs for vdpbf16ps.
@@ -1136,7 +1160,10 @@ struct Fused {  // S: the scalar type
       }
     }
     pack_sets(p, kx, bf.panels, [&](const auto& gates, auto* out) {
-      pack_panels(static_cast<const S*>(a.R), H, H, gates, b0, b1, out);
+      if (a.R_widen)
+        pack_widened(a.R_narrow, H, H, gates, b0, b1, out);
+      else
+        pack_panels(static_cast<const S*>(a.R), H, H, gates, b0, b1, out);
     });
     init_units(p, a, bf, std::min(H, b0 * W), std::min(H, b1 * W));
   }
