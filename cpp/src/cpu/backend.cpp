@@ -705,8 +705,10 @@ void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {
   const bool pairs = !fused_pairs && fused && p.dtype == DType::BFloat16 && k.gemm_pairs &&
                      p.has_input_weight && p.I > 0 && p.T * p.N > 0;
   // float16 filling x' itself at batch 1 packs W's float16 rows as they are (no float32 copy
-  // of W made first: 7% of T=100 N=1 H=256 LSTM inference); its tiles widen them.
-  const bool W_half = fused && p.dtype == DType::Float16 && k.narrow_panels && lazy_projection(q);
+  // of W made first: 7% of T=100 N=1 H=256 LSTM inference); its tiles widen them. So does
+  // bfloat16 off vdpbf16ps (AVX2: gate pairs, as R's panels).
+  const bool W_half = fused && k.narrow_panels && lazy_projection(q) &&
+                      (p.dtype == DType::Float16 || (p.dtype == DType::BFloat16 && !k.gemm_pairs));
   // From kWideRows batch rows (off vdpbf16ps) R is widened once, into float32 panels, rather
   // than by every step's tiles: there a step's products are bound by arithmetic, not by R's
   // bytes, and the conversions compete with the FMAs (on Intel vcvtph2ps issues on the FMA

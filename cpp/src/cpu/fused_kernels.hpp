@@ -934,10 +934,11 @@ struct Fused {  // S: the scalar type
   static bool half_panels(const Dir& a) {
     return kHalfPanels && a.R_narrow != nullptr && !a.R_widen;
   }
-  // Whether W's panels are float16 (lazy_projection of float16 storage: W_bits, W null).
-  static bool half_w(const Dir& a) { return kHalfPanels && a.W_bits && !a.R_bfloat16; }
   // Whether direction a's panels are bfloat16 pairs for vdpbf16ps.
   static bool dot_panels(const Dir& a) { return kDotBf16 && half_panels(a) && a.R_bfloat16; }
+  // Whether W's panels are 16-bit (lazy_projection of float16, or off vdpbf16ps bfloat16,
+  // storage: W_bits, W null; R_bfloat16 says which).
+  static bool half_w(const Dir& a) { return kHalfPanels && a.W_bits && !dot_panels(a); }
   // A panel's extent along k (elements): the pairs' even count on the vdpbf16ps path.
   static int64_t kext(const Problem& p, const Dir& a) {
     return dot_panels(a) ? (p.H + 1) / 2 * 2 : p.H;
@@ -1125,6 +1126,13 @@ struct Fused {  // S: the scalar type
                   [&](const auto& gates, uint16_t* out) {
                     pack_pairs(a.W_bits, H, p.I, gates, b0, b1, out);
                   });
+      } else if (half_w(a) && a.R_bfloat16) {
+        if constexpr (kHalfPanels)
+          pack_sets(p, p.I, reinterpret_cast<BFloat16Elem*>(bf.w_panels),
+                    [&](const auto& gates, BFloat16Elem* out) {
+                      pack_panels(reinterpret_cast<const BFloat16Elem*>(a.W_bits), H, p.I, gates,
+                                  b0, b1, out);
+                    });
       } else if (half_w(a)) {
         if constexpr (kHalfPanels)
           pack_sets(p, p.I, reinterpret_cast<uint16_t*>(bf.w_panels),
@@ -1297,6 +1305,10 @@ struct Fused {  // S: the scalar type
               out);
 #endif
         if constexpr (kHalfPanels) {
+          if (half_w(a) && a.R_bfloat16)
+            return block_product<kG, BFloat16Elem>(
+                static_cast<const S*>(a.x) + t0 * a.x_ld, a.x_ld, m, p.I,
+                reinterpret_cast<const BFloat16Elem*>(bf.w_panels) + b * p.I * kG * W, out);
           if (half_w(a))
             return block_product<kG, uint16_t>(
                 static_cast<const S*>(a.x) + t0 * a.x_ld, a.x_ld, m, p.I,
