@@ -90,6 +90,8 @@ def test_narrow_storage_is_the_float32_op_rounded_once(name, bidirectional, dtyp
         (13, 1, 5, 64),
         (2, 1, 160, 256),  # few rows: BLAS halves by the columns of W and R
     ]
+    if op != "single_gate_rnn":  # (whose 31 steps at H = 256 overflow float16)
+        shapes.append((31, 1, 8, 256))  # R's products blocked along k as float32 panels are
     for T, N, I, H in shapes:  # noqa: E741
         half = inputs(op, np.random.default_rng(T + N + H), T, N, I, H, D, dtype)
         got = forward(op, desc, half)

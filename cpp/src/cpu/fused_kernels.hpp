@@ -528,11 +528,14 @@ struct Fused {  // S: the scalar type
   // blocked so that a chunk of the panel (~24 KiB) stays in L1 while every row tile
   // passes over it; without the blocking each row tile streams the whole panel from L2.
   // With `accumulate`, out's products are added to (from its first k on).
+  // KC by float32 elements whatever the panels hold: 16-bit panels then sum in the float32
+  // panels' order, so that narrow storage keeps the float32 operation's bits (blocked by
+  // their own size, the float16 LSTM at N=1 H=256 rounded 5 of 7936 outputs differently).
   template <int G, class P = S>
   static void block_product(const S* A, int64_t lda, int64_t N, int64_t K, const P* panel, S* out,
                             bool accumulate = false) {
     constexpr int M = rows<G>();
-    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(P))));
+    constexpr int64_t KC = std::max<int64_t>(16, 24576 / (G * W * static_cast<int64_t>(sizeof(S))));
     if constexpr (split_rows<G>() > M) {
       if (N >= split_rows<G>())
         return block_product_split<G, P, KC>(A, lda, N, K, panel, out, accumulate);
