@@ -655,11 +655,11 @@ int64_t l2_bytes() {
 }
 
 // Whether a float16 forward of few rows packs R into float32 panels widened once (rather
-// than 16-bit panels that every step's tiles widen): on AVX2 (8 lanes), where vcvtph2ps
-// costs more than streaming twice the bytes from L2, while the machine's share of them per
-// core fits its L2 (Zen 2, T=100 N=1 H=256, 2 threads, alternating runs: GRU 1.00-1.02 ->
-// 0.94-0.98 ms, LSTM 1.28-1.32 -> 1.23-1.30 ms). The float32 panels run the float32 op's
-// kernels: its bits, rounded once. RNNCORE_F16_R=narrow|wide forces the choice.
+// than 16-bit panels that every step's tiles widen): on AVX2 (8 lanes) where vcvtph2ps
+// costs more than streaming twice the bytes from L2 (slow_f16_conversion), while the machine's
+// share of them per core fits its L2 (Zen 2, T=100 N=1 H=256, 2 threads, alternating runs:
+// GRU 1.00-1.02 -> 0.94-0.98 ms, LSTM 1.28-1.32 -> 1.23-1.30 ms). The float32 panels run the
+// float32 op's kernels: its bits, rounded once. RNNCORE_F16_R=narrow|wide forces the choice.
 bool f16_widened_panels(const Problem& p, const FusedOps<float>& k) {
   static const std::string forced = [] {
     const char* v = std::getenv("RNNCORE_F16_R");
@@ -671,7 +671,8 @@ bool f16_widened_panels(const Problem& p, const FusedOps<float>& k) {
   // change the bits where the two panels' kernels round differently (their epilogues).
   const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t bytes = p.D * p.G * p.H * p.H * 4;
-  return k.width == 8 && bytes <= l2_bytes() * std::min(threads, p.D * ((p.H + 7) / 8));
+  return k.width == 8 && slow_f16_conversion() &&
+         bytes <= l2_bytes() * std::min(threads, p.D * ((p.H + 7) / 8));
 }
 
 void forward_narrow(const Problem& p, const detail::ForwardArrays& a) {

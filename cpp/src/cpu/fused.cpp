@@ -81,22 +81,26 @@ FusedKernels select() {
   return fused_kernels_generic();
 }
 
+// The processor's family if it is an AMD one (0 otherwise, and off x86).
+unsigned amd_family() {
+#if defined(RNNCORE_X86_KERNELS)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  return ((a >> 8) & 0xF) + ((a >> 20) & 0xFF);
+#else
+  return 0;
+#endif
+}
+
 bool halves_choice() {
   const char* forced = std::getenv("RNNCORE_F16_WIDEN");
   if (forced && std::string(forced) == "halves") return true;
   if (forced && std::string(forced) == "whole") return false;
-#if defined(RNNCORE_X86_KERNELS)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
-  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
-  const unsigned family = ((a >> 8) & 0xF) + ((a >> 20) & 0xFF);
   // Zen 3 and 4 (only Zen 4 has AVX-512). Zen 5 (0x1A) converts whole vectors faster:
   // halves took 1.16x the time of the T=100 N=1 H=256 float16 GRU and 1.15x the LSTM's.
-  return family == 0x19;
-#else
-  return false;
-#endif
+  return amd_family() == 0x19;
 }
 
 struct AlignedFree {
@@ -113,6 +117,11 @@ const FusedKernels& fused_kernels() {
 bool widen_f16_by_halves() {
   static const bool halves = halves_choice();
   return halves;
+}
+
+bool slow_f16_conversion() {
+  static const bool slow = amd_family() == 0x17;
+  return slow;
 }
 
 template <class T>

@@ -147,6 +147,13 @@ const FusedKernels& fused_kernels();
 // forces it (for tests: the bits are the same either way).
 bool widen_f16_by_halves();
 
+// Whether vcvtph2ps of 256 bits costs the step kernels more than streaming twice the bytes
+// of float32 from L2: AMD Zen to Zen 2 (family 0x17), which split it over 128-bit units.
+// Elsewhere a float16 panel is the cheaper (Zen 3, T=100 N=1 H=256 float16, 2 threads,
+// alternating runs: GRU 0.74-0.76 ms against 0.98-1.19 widened once, LSTM 1.00-1.03 against
+// 1.31-1.40; and at H = 128 and 192, where both fit L2).
+bool slow_f16_conversion();
+
 // Elements pack_columns writes for B [K, n].
 template <class T>
 int64_t packed_columns_size(int64_t K, int64_t n) {
