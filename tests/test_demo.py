@@ -59,14 +59,14 @@ def demo(*args):
 @pytest.mark.parametrize("model", ["gru", "lstm"])
 def test_demo_trains_the_same_on_the_metal_kernels(model):
     """Training through the Metal kernels (on the host emulator) follows the CPU run: the
-    same test loss and accuracy at every epoch (printed to 4 digits). Two short epochs: the
-    emulator runs a quick epoch in about a minute."""
-    args = ("--model", model, "--epochs", "2", "--steps", "10")
+    same test loss and accuracy at every epoch (printed to 4 digits). One epoch of 5 steps:
+    the emulator runs a quick epoch of 100 in about a minute."""
+    args = ("--model", model, "--epochs", "1", "--steps", "5")
     runs = {d: demo(*args, "--device", d) for d in DEVICES}
     for d, run in runs.items():
         assert "Traceback" not in run.stderr, d + run.stderr
     cpu, emulated = (epoch_lines(runs[d].stdout) for d in DEVICES)
-    assert len(cpu) == 3
+    assert len(cpu) == 2
     assert emulated == cpu
     assert cpu[0] != cpu[-1]  # it trained
 

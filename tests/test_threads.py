@@ -131,11 +131,14 @@ def restore_threads():
 @pytest.mark.parametrize("device", devices_under_test())
 @pytest.mark.parametrize("kind", KINDS)
 def test_thread_count_does_not_change_bits(device, kind, restore_threads):
+    # The emulator's GPU threads are fibers on the pool: 1, 3 and 8 of its threads (the
+    # default is 2 on CI's 2 cores).
+    counts = THREAD_COUNTS[1:] if device == "cpu" else (3, 8)
     for dtype in dtypes_for(device):
         cases = cases_for(device, kind, dtype)
         rnncore.set_num_threads(1)
         expected = [outputs(c, device) for c in cases]
-        for n in THREAD_COUNTS[1:]:
+        for n in counts:
             rnncore.set_num_threads(n)
             for i, c in enumerate(cases):
                 what = f"{device} {kind} {np.dtype(dtype).name} case {i} with {n} threads"
@@ -162,8 +165,10 @@ def test_concurrent_calls_match_serial_calls(device, kind, restore_threads):
         cases = cases_for(device, kind, dtype)
         serial = [outputs(c, device) for c in cases]
         name = np.dtype(dtype).name
-        # Shared inputs: 8 threads make the same call on the same arrays.
-        for i, c in enumerate(cases):
+        # Shared inputs: 8 threads make the same call on the same arrays (on the emulator,
+        # whose calls take a hundred times as long, the first shape's two variants).
+        shared = cases if device == "cpu" else cases[:2]
+        for i, c in enumerate(shared):
             for got in run_together([lambda c=c: outputs(c, device)] * 8):
                 assert_same_bits(got, serial[i], f"{device} {kind} {name} case {i}, shared")
         # Separate inputs: 8 threads make 8 different calls.

@@ -85,6 +85,7 @@ TIMING = {
         "retries": 3,
         "quiet_wait": 60.0,
         "rounds": 3,
+        "settle": 0.25,
     },
     "quick": {
         "warmup": 1,
@@ -93,6 +94,7 @@ TIMING = {
         "retries": 1,
         "quiet_wait": 0.0,
         "rounds": 1,
+        "settle": 0.05,
     },
 }
 ROUND_CALL_S = 0.5
@@ -104,7 +106,6 @@ DISTURBED = 0.3
 SLOW_CALL_S, SLOW_REPS = 5.0, 2
 # rnncore's own thread pool reads RNNCORE_NUM_THREADS; its OpenBLAS, numpy's OpenBLAS and
 # PyTorch's OpenMP pool read the others.
-SETTLE_S = 0.25
 THREAD_ENV = ("RNNCORE_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # Variables that override OpenBLAS's choice of kernels and blocking for this processor:
 # recorded, and unset for the worker processes, so times are those of the processor's own.
@@ -290,8 +291,9 @@ def measure(fn, timing, allowed, sync=lambda: None):
     busy meanwhile ("other_cpu"). A measurement disturbed by them (more than `allowed`
     cores) is repeated, keeping the least disturbed one."""
     # Let the previous implementation's worker threads stop spinning (OpenBLAS waits about
-    # 0.1 s, OpenMP and ONNX Runtime less) before this one is timed beside them.
-    time.sleep(SETTLE_S)
+    # 0.1 s, OpenMP and ONNX Runtime less) before this one is timed beside them (--quick,
+    # whose times are only indicative, waits less).
+    time.sleep(timing["settle"])
     best = None
     for attempt in range(1 + timing["retries"]):
         if attempt:
