@@ -90,7 +90,7 @@ TIMING = {
     "quick": {
         "warmup": 1,
         "min_reps": 5,
-        "min_time": 0.15,
+        "min_time": 0.05,
         "retries": 1,
         "quiet_wait": 0.0,
         "rounds": 1,
