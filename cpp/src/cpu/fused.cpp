@@ -103,6 +103,13 @@ bool halves_choice() {
   return amd_family() == 0x19;
 }
 
+bool broadcast_choice() {
+  const char* forced = std::getenv("RNNCORE_FMA_BROADCAST");
+  if (forced && std::string(forced) == "memory") return true;
+  if (forced && std::string(forced) == "register") return false;
+  return amd_family() == 0x19;  // Zen 3 and 4; only Zen 4 runs the AVX-512 kernels
+}
+
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
@@ -117,6 +124,11 @@ const FusedKernels& fused_kernels() {
 bool widen_f16_by_halves() {
   static const bool halves = halves_choice();
   return halves;
+}
+
+bool fma_broadcast_from_memory() {
+  static const bool memory = broadcast_choice();
+  return memory;
 }
 
 bool slow_f16_conversion() {

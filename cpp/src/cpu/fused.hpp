@@ -147,6 +147,14 @@ const FusedKernels& fused_kernels();
 // forces it (for tests: the bits are the same either way).
 bool widen_f16_by_halves();
 
+// Whether the AVX-512 tiles take A's element from memory in each FMA or vdpbf16ps
+// (m32{1to16}) rather than broadcasting it into a register first: on AMD Zen 4, whose one
+// 512-bit FMA a cycle leaves load slots to spare, the separate broadcasts held the 6 x 4 tile
+// at 95% of its rate (one core: 105-108 against 110-113 GFLOP/s). Not on Intel's cores, whose
+// two FMAs a cycle would need more loads a cycle than their ports issue (not measured there).
+// RNNCORE_FMA_BROADCAST=memory|register forces it (for tests: the bits are the same).
+bool fma_broadcast_from_memory();
+
 // Whether vcvtph2ps of 256 bits costs the step kernels more than streaming twice the bytes
 // of float32 from L2: AMD Zen to Zen 2 (family 0x17), which split it over 128-bit units.
 // Elsewhere a float16 panel is the cheaper (Zen 3, T=100 N=1 H=256 float16, 2 threads,

@@ -73,6 +73,17 @@ namespace {
 // compiled worse (the bfloat16 LSTM's batch-1 step 10% slower when lstm() grew).
 #define RNNCORE_TILE __attribute__((noinline))
 
+// AVX-512 tiles that take A's element from memory in each FMA (vfmadd231ps m32{1to16}, and
+// vdpbf16ps likewise) rather than from one vbroadcastss that a row's FMAs share, where
+// fma_broadcast_from_memory() says so. GCC's extended asm (clang and others keep the register
+// form); the same instructions in the same order: the same bits.
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define RNNCORE_FMA_BROADCAST 1
+const bool kMemoryBroadcast = fma_broadcast_from_memory();
+#else
+#define RNNCORE_FMA_BROADCAST 0
+#endif
+
 template <class S, int W>
 struct Fused {  // S: the scalar type
   typedef S vec __attribute__((vector_size(W * sizeof(S)), aligned(sizeof(S)), may_alias));
@@ -217,6 +228,10 @@ struct Fused {  // S: the scalar type
   RNNCORE_TILE static void tile_dot(const Pair* A, int64_t lda, int64_t lo_off, int64_t K2,
                                     const Pair* Bp, S* out, bool accumulate) {
     constexpr int U = M * G >= 8 ? 1 : (M * G >= 4 ? 2 : 4);
+#if RNNCORE_FMA_BROADCAST
+    if (kMemoryBroadcast)
+      return tile_dot_memory<G, M, Split, U>(A, lda, lo_off, K2, Bp, out, accumulate);
+#endif
     __m512 acc[U][M][G];
     for (int u = 0; u < U; ++u)
       for (int r = 0; r < M; ++r)
@@ -248,6 +263,60 @@ struct Fused {  // S: the scalar type
         _mm512_storeu_ps(out + (r * G + g) * W, sum);
       }
   }
+
+#if RNNCORE_FMA_BROADCAST
+  // tile_dot with each pair taken from memory by its vdpbf16ps (RNNCORE_FMA_BROADCAST).
+  template <int G, int M, bool Split, int U>
+  RNNCORE_TILE static void tile_dot_memory(const Pair* A, int64_t lda, int64_t lo_off, int64_t K2,
+                                           const Pair* Bp, S* out, bool accumulate) {
+    __m512 acc[U][M][G];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+          acc[u][r][g] =
+              u == 0 && accumulate ? _mm512_loadu_ps(out + (r * G + g) * W) : _mm512_setzero_ps();
+    const auto kstep = [&](int u, int64_t k) __attribute__((always_inline)) {
+      __m512bh b[G];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+        b[g] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Bp + (k * G + g) * W));
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const Pair* a = A + r * lda + k;
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+          asm("vdpbf16ps %[a]%{1to16%}, %[b], %[acc]"
+              : [acc] "+v"(acc[u][r][g])
+              : [b] "v"(b[g]), [a] "m"(*a));
+        if constexpr (Split) {
+          const Pair* lo = A + lo_off + r * lda + k;
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g)
+            asm("vdpbf16ps %[a]%{1to16%}, %[b], %[acc]"
+                : [acc] "+v"(acc[u][r][g])
+                : [b] "v"(b[g]), [a] "m"(*lo));
+        }
+      }
+    };
+    int64_t k = 0;
+    for (; k + U <= K2; k += U)
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) kstep(u, k + u);
+    for (; k < K2; ++k) kstep(0, k);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        __m512 sum = acc[0][r][g];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][r][g]);
+        _mm512_storeu_ps(out + (r * G + g) * W, sum);
+      }
+  }
+#endif
 
   template <int G, bool Split, int M = rows<G>()>
   static void tile_rows_dot(int m, const Pair* A, int64_t lda, int64_t lo_off, int64_t K2,
@@ -436,6 +505,11 @@ struct Fused {  // S: the scalar type
     if constexpr (M == 1 && GN == G && std::is_same_v<P, Float16Halves>) {
       return tile_halves<G, U>(A, K, reinterpret_cast<const uint16_t*>(Bp), out, accumulate);
     }
+#if RNNCORE_FMA_BROADCAST
+    if constexpr (W == 16 && std::is_same_v<S, float> && std::is_same_v<P, S>) {
+      if (kMemoryBroadcast) return tile_broadcast<G, M, U, G0, GN>(A, lda, K, Bp, out, accumulate);
+    }
+#endif
     const vec zero = {};
     vec acc[U][M][GN];
     for (int u = 0; u < U; ++u)
@@ -469,6 +543,53 @@ struct Fused {  // S: the scalar type
         *reinterpret_cast<vec*>(out + (r * G + G0 + g) * W) = sum;
       }
   }
+
+#if RNNCORE_FMA_BROADCAST
+  // tile's float32 product, its FMAs taking A's element from memory (RNNCORE_FMA_BROADCAST).
+  // The unroll pragmas keep the accumulators in registers (asm operands otherwise pin the
+  // arrays to the stack).
+  template <int G, int M, int U, int G0, int GN>
+  RNNCORE_TILE static void tile_broadcast(const S* A, int64_t lda, int64_t K, const S* Bp, S* out,
+                                          bool accumulate) {
+    __m512 acc[U][M][GN];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < GN; ++g)
+          acc[u][r][g] = u == 0 && accumulate ? _mm512_loadu_ps(out + (r * G + G0 + g) * W)
+                                              : _mm512_setzero_ps();
+    const auto kstep = [&](int u, int64_t k) __attribute__((always_inline)) {
+      __m512 b[GN];
+#pragma GCC unroll 8
+      for (int g = 0; g < GN; ++g) b[g] = _mm512_loadu_ps(Bp + (k * G + G0 + g) * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const S* a = A + r * lda + k;
+#pragma GCC unroll 8
+        for (int g = 0; g < GN; ++g)
+          asm("vfmadd231ps %[a]%{1to16%}, %[b], %[acc]"
+              : [acc] "+v"(acc[u][r][g])
+              : [b] "v"(b[g]), [a] "m"(*a));
+      }
+    };
+    int64_t k = 0;
+    for (; k + U <= K; k += U)
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) kstep(u, k + u);
+    for (; k < K; ++k) kstep(0, k);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int g = 0; g < GN; ++g) {
+        __m512 sum = acc[0][r][g];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][r][g]);
+        _mm512_storeu_ps(out + (r * G + G0 + g) * W, sum);
+      }
+  }
+#endif
 
   // tile<G, 1> on float16 panels, each vector of 16 as two 256-bit halves: where a 512-bit
   // vcvtph2ps issues at half the rate of two 256-bit ones (widen_f16_by_halves), batch 1 is
@@ -2040,6 +2161,12 @@ struct Fused {  // S: the scalar type
   template <int M>
   static void tile_pair(const S* A, int64_t lda, int64_t K, const S* B0, const S* B1, S* out0,
                         S* out1, bool accumulate) {
+#if RNNCORE_FMA_BROADCAST
+    if constexpr (W == 16 && std::is_same_v<S, float>) {
+      if (kMemoryBroadcast)
+        return tile_pair_broadcast<M>(A, lda, K, B0, B1, out0, out1, accumulate);
+    }
+#endif
     const vec zero = {};
     vec acc0[M], acc1[M];
     for (int r = 0; r < M; ++r) {
@@ -2059,6 +2186,37 @@ struct Fused {  // S: the scalar type
       store(out1 + r * W, acc1[r]);
     }
   }
+#if RNNCORE_FMA_BROADCAST
+  // tile_pair with A's element taken from memory by each FMA (RNNCORE_FMA_BROADCAST).
+  template <int M>
+  RNNCORE_TILE static void tile_pair_broadcast(const S* A, int64_t lda, int64_t K, const S* B0,
+                                               const S* B1, S* out0, S* out1, bool accumulate) {
+    __m512 acc0[M], acc1[M];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      acc0[r] = accumulate ? _mm512_loadu_ps(out0 + r * W) : _mm512_setzero_ps();
+      acc1[r] = accumulate ? _mm512_loadu_ps(out1 + r * W) : _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const __m512 b0 = _mm512_loadu_ps(B0 + k * W), b1 = _mm512_loadu_ps(B1 + k * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const S* a = A + r * lda + k;
+        asm("vfmadd231ps %[a]%{1to16%}, %[b], %[acc]"
+            : [acc] "+v"(acc0[r])
+            : [b] "v"(b0), [a] "m"(*a));
+        asm("vfmadd231ps %[a]%{1to16%}, %[b], %[acc]"
+            : [acc] "+v"(acc1[r])
+            : [b] "v"(b1), [a] "m"(*a));
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+      _mm512_storeu_ps(out0 + r * W, acc0[r]);
+      _mm512_storeu_ps(out1 + r * W, acc1[r]);
+    }
+  }
+#endif
   template <int M = kPairRows>
   static void pair_tile(int m, const S* A, int64_t lda, int64_t K, const S* B0, const S* B1,
                         S* out0, S* out1, bool accumulate) {
