@@ -79,7 +79,20 @@ namespace {
 // form); the same instructions in the same order: the same bits.
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #define RNNCORE_FMA_BROADCAST 1
-const bool kMemoryBroadcast = fma_broadcast_from_memory();
+// Whether this translation unit's `acc += a * b` on vectors is one FMA, as the register form
+// computes the tiles' products (GCC from -O2): below that (-O1, as the sanitizer builds, and
+// -O0) it rounds the product first, and the memory form's FMAs would give other bits.
+// (1 + 2^-12)^2 - 1 is 2^-11 with the product rounded, 2^-11 + 2^-24 fused.
+__attribute__((noinline)) bool fuses_multiply_add() {
+  typedef float v16 __attribute__((vector_size(64)));
+  volatile float x = 1.0f + 0x1p-12f;
+  v16 a = {}, acc = {};
+  a[0] = x;
+  acc[0] = -1.0f;
+  acc += x * a;
+  return acc[0] != 0x1p-11f;
+}
+const bool kMemoryBroadcast = fma_broadcast_from_memory() && fuses_multiply_add();
 #else
 #define RNNCORE_FMA_BROADCAST 0
 #endif
