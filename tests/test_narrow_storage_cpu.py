@@ -282,6 +282,57 @@ def test_projecting_in_the_steps_gives_the_same_bits_at_every_thread_count(dtype
         assert all(r == runs[0] for r in runs[1:]), (T, N, I, H, bidirectional)
 
 
+# A bfloat16 LSTM inference at batch 1, x' filled by the steps, every option that keeps the
+# one-row path: blocks of 4 rows (a short one last, or first in reverse), I below, equal to
+# and above H (pairs carried after the row's product; with I = 2 a block a slice), H from one
+# panel to 16.
+CARRY = """
+import hashlib, os
+import ml_dtypes
+import numpy as np
+import rnncore
+from test_narrow_storage_cpu import inputs
+h = hashlib.sha256()
+for threads in (1, 2, 3):
+    rnncore.set_num_threads(threads)
+    for T, I, H in [(1, 8, 16), (4, 6, 32), (5, 256, 256), (9, 512, 64), (13, 34, 48),
+                    (31, 8, 256), (40, 96, 32), (11, 2, 256)]:
+        for kw in [{}, dict(reverse=True), dict(bidirectional=True), dict(produce_cell=True)]:
+            D = 2 if kw.get("bidirectional") else 1
+            a = inputs("lstm", np.random.default_rng(T + I + H), T, 1, I, H, D, ml_dtypes.bfloat16)
+            a.pop("mask"); a.pop("peephole")
+            for extra in [{}, {"mask": np.ones((1, D * H), ml_dtypes.bfloat16)}]:
+                desc = rnncore.LSTMDescriptor(**kw)
+                out = rnncore.lstm(**a, **extra, descriptor=desc, device="cpu")
+                for x in out:
+                    if x is not None:
+                        h.update(np.ascontiguousarray(x).tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.skipif(not BFLOAT16_DOT, reason="the vdpbf16ps variants only")
+def test_blocks_carried_by_the_steps_or_made_beside_them_give_the_same_bits():
+    """At batch 1 a bfloat16 LSTM inference on vdpbf16ps sums its blocks of x' in the steps'
+    products with R (pairs of k carried after the row's, FusedOps::carry_rows), or, with
+    RNNCORE_CARRY=0, by blocks of the same rows made before the steps that read them: the same
+    sums, so the same bits, at every thread count, reversed and bidirectional."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    digests = []
+    for carry in ("1", "0"):
+        path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "RNNCORE_CARRY": carry, "PYTHONPATH": path}
+        run = subprocess.run([sys.executable, "-c", CARRY], env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        digests.append(run.stdout.strip())
+    assert digests[0] == digests[1] and len(digests[0]) == 64
+
+
 def gradients_both_ways(name, bidirectional, shape, dtype, rng):
     """The gradient op on 16-bit arrays, and the float32 one on the same arrays widened."""
     op, desc = descriptor(name, bidirectional)

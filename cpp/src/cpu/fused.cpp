@@ -131,6 +131,14 @@ bool fma_broadcast_from_memory() {
   return memory;
 }
 
+bool carry_blocks() {
+  static const bool carry = [] {
+    const char* e = std::getenv("RNNCORE_CARRY");
+    return !(e && std::string(e) == "0");
+  }();
+  return carry;
+}
+
 bool slow_f16_conversion() {
   static const bool slow = amd_family() == 0x17;
   return slow;
@@ -212,9 +220,75 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   // blocks that steps will read (from the second step on: W's panels are packed in the first
   // stage). A block is short (6 rows × 16 units: ~0.6 us at I = 256), so that it fits the
   // wait it fills rather than delaying the next step.
-  const int64_t kRows = k.project_rows_max, blocks = (p.T + kRows - 1) / kRows;
+  // Carried blocks (FusedOps::carry_rows): a chunk's steps sum the blocks of its own panels
+  // that its later steps read, in the order they read them, `per_slice` pairs of k per
+  // panel's product (as many as the steps consume: each panel's block of kRows rows every
+  // kRows steps). A block is claimed as made is (0 to 1) and marked made by the step that
+  // sums its last pairs; a step whose block is still being carried sums the rest first. A
+  // chunk's Carrying, slices and sums are touched only by whoever runs its step (one at a
+  // time, stage after stage). The blocks' rows are carry_rows whether carried or not
+  // (carry_blocks), so the bits are the same either way.
+  const int64_t block_rows = [&] {
+    const int64_t r = p.lazy_projection && k.carry_rows ? k.carry_rows(p, dirs[0]) : 0;
+    for (int64_t d = 1; d < p.D; ++d)
+      if (k.carry_rows(p, dirs[d]) != r) return int64_t(0);
+    return r;
+  }();
+  const int64_t carry_rows = carry_blocks() ? block_rows : 0;
+  const int64_t kRows = block_rows ? block_rows : k.project_rows_max,
+                blocks = (p.T + kRows - 1) / kRows;
   std::unique_ptr<std::atomic<int>[]> made;
   if (p.lazy_projection) made.reset(new std::atomic<int>[static_cast<size_t>(p.D * nb * blocks)]());
+  struct Carrying {
+    int64_t next = 0, bi = 0;       // the next block (in the order read) and panel to claim
+    int64_t t0 = -1, b = 0, k = 0;  // the block being carried: its first row, panel, pairs summed
+    int64_t buf = 0;
+  };
+  const int64_t K2w = p.I / 2, per_slice = carry_rows ? (K2w + carry_rows - 1) / carry_rows : 0;
+  // Sums per chunk: as many as the blocks one step's slices can touch (the one in progress,
+  // then a block per K2w pairs; one finished in a step keeps its sums until the step is done).
+  const int64_t ring = carry_rows ? (per_chunk * per_slice + K2w - 1) / K2w + 2 : 0,
+                acc_elems = carry_rows * p.G * k.width;
+  std::vector<Carrying> carrying(static_cast<size_t>(carry_rows ? p.D * C : 0));
+  std::vector<CarrySlice<T>> plans(static_cast<size_t>(carry_rows ? p.D * C * per_chunk : 0));
+  std::unique_ptr<T, AlignedFree> carry_sums;
+  if (carry_rows) {
+    const size_t n = static_cast<size_t>(p.D * C * ring * acc_elems);
+    carry_sums.reset(static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)));
+    if (!carry_sums) throw std::bad_alloc();
+  }
+  const auto sums_of = [&](int64_t ch, int64_t buf) {
+    return carry_sums.get() + (ch * ring + buf) * acc_elems;
+  };
+  // The block read at step s in the order the steps read them.
+  const auto read_order = [&](int64_t d, int64_t s) {
+    const int64_t block = (dirs[d].flip_in ? p.T - 1 - s : s) / kRows;
+    return dirs[d].flip_in ? blocks - 1 - block : block;
+  };
+  // Claims the next whole block (a short one is left to its step) of the chunk's panels
+  // [b0, b1) read after the step read_order `now`.
+  const auto claim = [&](Carrying& c, int64_t d, int64_t b0, int64_t b1, int64_t now) {
+    if (c.next <= now) c.next = now + 1, c.bi = b0;
+    for (; c.next < blocks; ++c.next, c.bi = b0) {
+      const int64_t block = dirs[d].flip_in ? blocks - 1 - c.next : c.next;
+      if ((block + 1) * kRows > p.T) continue;
+      for (; c.bi < b1; ++c.bi) {
+        std::atomic<int>& m = made[static_cast<size_t>((d * nb + c.bi) * blocks + block)];
+        int v = 0;
+        if (m.load(std::memory_order_relaxed) == 0 &&
+            m.compare_exchange_strong(v, 1, std::memory_order_acquire)) {
+          c.t0 = block * kRows, c.b = c.bi++, c.k = 0, c.buf = (c.buf + 1) % ring;
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  const auto carried = [&](int64_t d, int64_t ch, const Carrying& c) {
+    k.carry_complete(p, dirs[d], ws[d].get(), c.t0, c.b, c.k, sums_of(ch, c.buf));
+    made[static_cast<size_t>((d * nb + c.b) * blocks + c.t0 / kRows)].store(
+        2, std::memory_order_release);
+  };
   const auto make = [&](int64_t d, int64_t b, int64_t block, bool wait) {
     std::atomic<int>& m = made[static_cast<size_t>((d * nb + b) * blocks + block)];
     int v = m.load(std::memory_order_acquire);
@@ -239,16 +313,46 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   auto chunk = [&](T* scratch, int64_t stage, int64_t ch) {
     const int64_t d = ch / C, b0 = ch % C * per_chunk, b1 = std::min(nb, b0 + per_chunk);
     if (stage == 0) return k.pack(p, dirs[d], ws[d].get(), b0, b1);
+    const int64_t s = (stage - 1) / phases;
+    CarrySlice<T>* plan = nullptr;
+    if (carry_rows) {
+      Carrying& c = carrying[static_cast<size_t>(ch)];
+      if (c.t0 >= 0 && c.t0 / kRows == block_of(d, s)) {  // read now: summed to its end here
+        carried(d, ch, c);
+        c.t0 = -1;
+      }
+    }
     if (made)
-      for (int64_t b = b0; b < b1; ++b) make(d, b, block_of(d, (stage - 1) / phases), true);
+      for (int64_t b = b0; b < b1; ++b) make(d, b, block_of(d, s), true);
+    if (carry_rows) {
+      Carrying& c = carrying[static_cast<size_t>(ch)];
+      plan = plans.data() + ch * per_chunk;
+      const int64_t now = read_order(d, s);
+      for (int64_t i = 0; i < b1 - b0; ++i) {
+        CarrySlice<T>& slice = plan[i];
+        slice = {0, 0, 0, 0, nullptr};
+        if (c.t0 < 0 && !claim(c, d, b0, b1, now)) continue;
+        slice = {c.t0, c.b, c.k, std::min(K2w, c.k + per_slice), sums_of(ch, c.buf)};
+        c.k = slice.k1;
+        if (c.k == K2w) c.t0 = -1;  // summed by this step (and marked made after it)
+      }
+    }
     T* xpre = nullptr;
     if (ahead) {
       const int64_t v = ahead[ch].load(std::memory_order_acquire);
       if (v >> 16 == stage && (v & 1))
         xpre = ahead_part(static_cast<int>(v >> 1 & 0x7fff), stage, ch);
     }
-    k.step(p, dirs[d], ws[d].get(), (stage - 1) / phases, static_cast<int>((stage - 1) % phases),
-           b0, b1, scratch, xpre);
+    k.step(p, dirs[d], ws[d].get(), s, static_cast<int>((stage - 1) % phases), b0, b1, scratch,
+           xpre, plan);
+    if (plan)
+      for (int64_t i = 0; i < b1 - b0; ++i)
+        if (plan[i].k1 == K2w && plan[i].k1 > plan[i].k0) {
+          const CarrySlice<T>& slice = plan[i];
+          k.carry_complete(p, dirs[d], ws[d].get(), slice.t0, slice.b, K2w, slice.acc);
+          made[static_cast<size_t>((d * nb + slice.b) * blocks + slice.t0 / kRows)].store(
+              2, std::memory_order_release);
+        }
   };
   // Steps from the second on (the first's chunks may not have packed W yet).
   auto idle = [&](int slot, int64_t stage, int64_t begin, int64_t /*end*/) {

@@ -25,6 +25,16 @@ struct GemmPiece {
   int64_t ldc;
 };
 
+// A part of a block of x' (Problem::lazy_projection) that one panel's product of a step
+// carries (FusedOps::carry_rows): pairs of k [k0, k1) of the block's rows [t0, t0 + rows) for
+// panel b's units, summed into acc (rows · G · width elements, from zero at k0 = 0). None
+// when k1 == k0.
+template <class T>
+struct CarrySlice {
+  int64_t t0, b, k0, k1;
+  T* acc;
+};
+
 // The entry points of one scalar type (fused_kernels.hpp compiled per instruction set).
 template <class T>
 struct FusedOps {
@@ -34,9 +44,10 @@ struct FusedOps {
   // phase `phase` (of phases(p)) of step s for them, with `blk` (block(p) elements) as
   // scratch. A phase may start once that before it is done for every panel.
   void (*pack)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t b0, int64_t b1);
-  // xpre: project_step's output for the panels, or null.
+  // xpre: project_step's output for the panels, or null. carry: one slice per panel of
+  // [b0, b1), or null (FusedOps::carry_rows).
   void (*step)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t s, int phase,
-               int64_t b0, int64_t b1, T* blk, T* xpre);
+               int64_t b0, int64_t b1, T* blk, T* xpre, const CarrySlice<T>* carry);
   int (*phases)(const detail::Problem& p);
   // The part of step s's products that does not depend on the step before (an LSTM or a
   // reset-after GRU that projects its steps' rows), for panels [b0, b1), into xpre:
@@ -50,6 +61,14 @@ struct FusedOps {
   void (*project_rows)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t t0,
                        int64_t m, int64_t b0, int64_t b1);
   int64_t project_rows_max;
+  // Batch 1 in one row of pairs (an LSTM's inference on vdpbf16ps): a step's product streams
+  // R from L2 with the dot-product unit half idle, and can carry the arithmetic of x' blocks
+  // of this many rows (project_rows's sums, in blocks of these rows), k pairs at a time
+  // (CarrySlice); 0 where it cannot. carry_complete sums a block's pairs from k0 on into acc
+  // and writes its rows of x' (plus the bias).
+  int64_t (*carry_rows)(const detail::Problem& p, const DirectionForward& a);
+  void (*carry_complete)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t t0,
+                         int64_t b, int64_t k0, T* acc);
   int64_t (*block)(const detail::Problem& p);
   // Elements of workspace one direction needs (packed weights and per-step buffers).
   int64_t (*workspace)(const detail::Problem& p);
@@ -154,6 +173,11 @@ bool widen_f16_by_halves();
 // two FMAs a cycle would need more loads a cycle than their ports issue (not measured there).
 // RNNCORE_FMA_BROADCAST=memory|register forces it (for tests: the bits are the same).
 bool fma_broadcast_from_memory();
+
+// Whether the steps' products carry the blocks of x' that FusedOps::carry_rows allows
+// (fused.cpp; the same bits either way): RNNCORE_CARRY=0 leaves them to the blocks made
+// beside the steps (for tests).
+bool carry_blocks();
 
 // Whether vcvtph2ps of 256 bits costs the step kernels more than streaming twice the bytes
 // of float32 from L2: AMD Zen to Zen 2 (family 0x17), which split it over 128-bit units.

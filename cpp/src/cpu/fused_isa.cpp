@@ -26,6 +26,8 @@ FusedOps<T> ops() {
                 &F::project_step,
                 &F::project_rows,
                 F::kProjectRows,
+                &F::carry_rows,
+                &F::carry_complete,
                 &F::block,
                 &F::workspace,
                 &F::pack_columns,

@@ -340,6 +340,85 @@ struct Fused {  // S: the scalar type
     tile_dot<G, M, Split>(A, lda, lo_off, K2, Bp, out, accumulate);
   }
 
+  // block_product_dot of one row (N = 1, no split: its sums in its order, block_product_vec's
+  // chunks of k and tile_dot's accumulators) that also carries pairs [kp0, kp1) of the
+  // product of M rows of X (ldx pairs apart) with the panel Wp, summed into acc (from zero at
+  // kp0 = 0; tile_dot's sums of M rows, one accumulator each in k order): one carried pair
+  // after every kPer of the row's. The row's product streams its panel from L2 with the
+  // vdpbf16ps unit half idle, and the carried rows reuse each pair of Wp M times from
+  // registers: together they overlap (T=100 N=1 H=256 LSTM, one core's step: 3.35 us against
+  // 3.5-3.75 one after the other, 2.3 the row's product alone).
+  static constexpr int kPer = 4;
+  template <int G, int M>
+  RNNCORE_TILE static void carry_product(const Pair* h, int64_t K2, const Pair* Bp, S* out,
+                                         const Pair* X, int64_t ldx, const Pair* Wp, S* acc,
+                                         int64_t kp0, int64_t kp1) {
+    constexpr int U = G >= 8 ? 1 : (G >= 4 ? 2 : 4);                   // tile_dot's at M = 1
+    constexpr int64_t KC = std::max<int64_t>(8, 24576 / (G * W * 4));  // block_product_vec's
+    static_assert(kPer % U == 0 && M * G >= 8, "whole accumulator rounds; carried U = 1");
+    __m512 pa[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+        pa[r][g] = kp0 > 0 ? _mm512_loadu_ps(acc + (r * G + g) * W) : _mm512_setzero_ps();
+    int64_t kp = kp0;
+    const auto carried = [&]() __attribute__((always_inline)) {
+      __m512bh b[G];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+        b[g] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Wp + (kp * G + g) * W));
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[r * ldx + kp]));
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) pa[r][g] = _mm512_dpbf16_ps(pa[r][g], a, b[g]);
+      }
+      ++kp;
+    };
+    for (int64_t k0 = 0; k0 < K2; k0 += KC) {
+      const int64_t kc = std::min<int64_t>(KC, K2 - k0);
+      __m512 ra[U][G];
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+          ra[u][g] = u == 0 && k0 > 0 ? _mm512_loadu_ps(out + g * W) : _mm512_setzero_ps();
+      const auto rstep = [&](int u, int64_t k) __attribute__((always_inline)) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(h[k]));
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+          ra[u][g] = _mm512_dpbf16_ps(
+              ra[u][g], a,
+              (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Bp + (k * G + g) * W)));
+      };
+      int64_t k = 0;
+      for (; k + kPer <= kc; k += kPer) {
+#pragma GCC unroll 4
+        for (int j = 0; j < kPer; j += U)
+#pragma GCC unroll 4
+          for (int u = 0; u < U; ++u) rstep(u, k0 + k + j + u);
+        if (kp < kp1) carried();
+      }
+      for (; k + U <= kc; k += U)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u) rstep(u, k0 + k + u);
+      for (; k < kc; ++k) rstep(0, k0 + k);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        __m512 sum = ra[0][g];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, ra[u][g]);
+        _mm512_storeu_ps(out + g * W, sum);
+      }
+    }
+    while (kp < kp1) carried();
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc + (r * G + g) * W, pa[r][g]);
+  }
+
 #if RNNCORE_FUSED_AMX
   // Tiles (amx_configure): C 16 × 16 float32, A 16 rows × 16 pairs, B 16 pairs of k × 16
   // columns (a panel's gate block, as packed).
@@ -1384,11 +1463,11 @@ struct Fused {  // S: the scalar type
   // Phase `phase` of step s for the units of panels [b0, b1); blk holds block(p) elements.
   // Every unit's arithmetic is the same whichever panels share a call.
   static void step(const Problem& p, const Dir& a, S* ws, int64_t s, int phase, int64_t b0,
-                   int64_t b1, S* blk, S* xpre) {
+                   int64_t b1, S* blk, S* xpre, const CarrySlice<S>* carry) {
     const Buffers bf = buffers(p, ws);
     switch (p.op) {
       case detail::OpKind::Rnn: return rnn(p, a, bf, s, b0, b1, blk);
-      case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk, xpre);
+      case detail::OpKind::Lstm: return lstm(p, a, bf, s, b0, b1, blk, xpre, carry);
       case detail::OpKind::Gru:
         if (p.gru.reset_after) return gru_after(p, a, bf, s, b0, b1, blk, xpre);
         if (phase == 0) return gru_before_zr(p, a, bf, s, b0, b1, blk);
@@ -1425,12 +1504,9 @@ struct Fused {  // S: the scalar type
   static void project_rows(const Problem& p, const Dir& a, S* ws, int64_t t0, int64_t m, int64_t b0,
                            int64_t b1) {
     const Buffers bf = buffers(p, ws);
-    const int64_t H = p.H, G = p.G;
-    S* const xp = static_cast<S*>(const_cast<void*>(a.xp));
-    const S* const bias = static_cast<const S*>(a.bias);
+    const int64_t G = p.G;
     alignas(64) S out[kProjectRows * 4 * W];
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t u0 = b * W, wv = std::min<int64_t>(W, H - u0);
       const auto product = [&](auto g) {
         constexpr int kG = decltype(g)::value;
 #if RNNCORE_FUSED_DOT_BF16
@@ -1458,19 +1534,64 @@ struct Fused {  // S: the scalar type
         product(std::integral_constant<int, 4>{});
       else
         product(std::integral_constant<int, 3>{});
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t g = 0; g < G; ++g) {
-          S* const dst = xp + (t0 + r) * a.xp_ld + g * H + u0;
-          const S* const src = out + (r * G + g) * W;
-          if (bias)
-            for (int64_t w = 0; w < wv; ++w) dst[w] = src[w] + bias[g * H + u0 + w];
-          else if (wv == W)  // (a constant size: inlined, not a call to memcpy per row)
-            std::memcpy(dst, src, sizeof(S) * W);
-          else
-            for (int64_t w = 0; w < wv; ++w) dst[w] = src[w];
-        }
+      store_rows(p, a, t0, m, b, out);
     }
   }
+  // Rows [t0, t0 + m) of x' for panel b's units: the sums `out` ([r][g][w]) plus the bias.
+  static void store_rows(const Problem& p, const Dir& a, int64_t t0, int64_t m, int64_t b,
+                         const S* out) {
+    const int64_t H = p.H, G = p.G, u0 = b * W, wv = std::min<int64_t>(W, H - u0);
+    S* const xp = static_cast<S*>(const_cast<void*>(a.xp));
+    const S* const bias = static_cast<const S*>(a.bias);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        S* const dst = xp + (t0 + r) * a.xp_ld + g * H + u0;
+        const S* const src = out + (r * G + g) * W;
+        if (bias)
+          for (int64_t w = 0; w < wv; ++w) dst[w] = src[w] + bias[g * H + u0 + w];
+        else if (wv == W)  // (a constant size: inlined, not a call to memcpy per row)
+          std::memcpy(dst, src, sizeof(S) * W);
+        else
+          for (int64_t w = 0; w < wv; ++w) dst[w] = src[w];
+      }
+  }
+
+  // FusedOps::carry_rows: an LSTM's inference at batch 1 on pairs whose steps take the
+  // one-row path (lstm), x' filled by the steps (project_rows's sums, in blocks of
+  // kCarryRows rows).
+  static constexpr int64_t kCarryRows = 4;
+  static int64_t carry_rows(const Problem& p, const Dir& a) {
+#if RNNCORE_FUSED_DOT_BF16
+    if (p.lazy_projection && p.op == detail::OpKind::Lstm && p.N == 1 && p.H % W == 0 &&
+        p.I % 2 == 0 && dot_panels(a) && a.x_bits && !a.z && !a.z_bits)
+      return kCarryRows;
+#endif
+    (void)p, (void)a;
+    return 0;
+  }
+  static void carry_complete(const Problem& p, const Dir& a, S* ws, int64_t t0, int64_t b,
+                             int64_t k0, S* acc) {
+#if RNNCORE_FUSED_DOT_BF16
+    constexpr int G = 4;
+    const Buffers bf = buffers(p, ws);
+    const int64_t K2 = p.I / 2;
+    if (k0 < K2)
+      carry_product<G, kCarryRows>(nullptr, 0, nullptr, nullptr,
+                                   reinterpret_cast<const Pair*>(a.x_bits + t0 * a.x_ld),
+                                   a.x_ld / 2, w_pairs<G>(p, bf, b), acc, k0, K2);
+    store_rows(p, a, t0, kCarryRows, b, acc);
+#else
+    (void)p, (void)a, (void)ws, (void)t0, (void)b, (void)k0, (void)acc;
+#endif
+  }
+#if RNNCORE_FUSED_DOT_BF16
+  // Panel b of W's pairs (lazy_projection on vdpbf16ps).
+  template <int G>
+  static const Pair* w_pairs(const Problem& p, const Buffers& bf, int64_t b) {
+    return reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.w_panels) +
+                                         b * p.I * G * W);
+  }
+#endif
 
   // Panel b's part of step s's products from the source rows: W's panels times them (float32,
   // from zero: the step's product with R accumulates onto it), or as bfloat16 pairs (the
@@ -1598,7 +1719,7 @@ struct Fused {  // S: the scalar type
 
   // xpre: project_step's output for these panels, or null.
   static void lstm(const Problem& p, const Dir& a, const Buffers& bf, int64_t s, int64_t b0,
-                   int64_t b1, S* blk, S* xpre) {
+                   int64_t b1, S* blk, S* xpre, [[maybe_unused]] const CarrySlice<S>* carry) {
     constexpr int G = 4;
     const int64_t N = p.N, H = p.H;
     const S* P = static_cast<const S*>(a.peephole);
@@ -1709,8 +1830,22 @@ struct Fused {  // S: the scalar type
       const std::true_type full;
       for (int64_t bg = b0; bg < b1; bg += kBatch) {
         const int64_t be = std::min(b1, bg + kBatch);
-        for (int64_t b = bg; b < be; ++b)
+        for (int64_t b = bg; b < be; ++b) {
+#if RNNCORE_FUSED_DOT_BF16
+          if (carry && carry[b - b0].k1 > carry[b - b0].k0) {  // (op: pairs, no split)
+            const CarrySlice<S>& sl = carry[b - b0];
+            carry_product<G, kCarryRows>(
+                op.pairs, (H + 1) / 2,
+                reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.panels) +
+                                              b * G * kext(p, a) * W),
+                rows_of + (b - bg) * G * W,
+                reinterpret_cast<const Pair*>(a.x_bits + sl.t0 * a.x_ld), a.x_ld / 2,
+                w_pairs<G>(p, bf, sl.b), sl.acc, sl.k0, sl.k1);
+            continue;
+          }
+#endif
           panel_product<G>(p, a, bf, b * G, op, 1, rows_of + (b - bg) * G * W);
+        }
 #if RNNCORE_FUSED_ROWS
         if constexpr (kRows) {
           if (one_pass) {
