@@ -160,7 +160,7 @@ TEST(TileGemm, IsTheProductOfTheOperandsRoundedToBfloat16) {
     std::vector<float> A((c.trans_a ? c.K : c.M) * lda), B(c.K * ldb), C(c.M * ldc, -1.0f);
     for (float& x : A) x = normal(gen);
     for (float& x : B) x = c.exact_b ? float(rounded(normal(gen))) : normal(gen);
-    gemm(c.trans_a, c.M, c.n, c.K, A.data(), lda, B.data(), ldb, C.data(), ldc);
+    gemm(c.trans_a, c.M, c.n, c.K, A.data(), lda, B.data(), ldb, C.data(), ldc, nullptr);
     double worst = 0, off = 0;
     for (int64_t m = 0; m < c.M; ++m)
       for (int64_t j = 0; j < c.n; ++j) {
@@ -224,18 +224,73 @@ TEST(ProjectTiles, MatchesTheFloat64ProductOfTheBfloat16Arrays) {
   }
 }
 
+// dX' kept as bfloat16 bits (narrow_rows_bf16) and read by the tiles in place of its float32
+// values: the same bits as the tiles' own rounding of the float32 operand, for A as rows and
+// transposed (Aᵀ B as (Bᵀ A)ᵀ too), ragged edges, K in L2 chunks, two pieces side by side, and
+// values at the edges of rounding (halfway cases, float32 subnormals, infinities, NaN).
+TEST(TileGemm, OperandAsBfloat16BitsGivesTheBitsOfItsRounding) {
+  const auto& ops = rnncore::cpu::fused_kernels().f32;
+  if (!ops.tile_gemm) GTEST_SKIP() << "no AVX-512 BF16 kernels on this CPU";
+  ASSERT_TRUE(ops.narrow_rows_bf16 && ops.tile_gemm_pieces);
+  struct Case {
+    bool trans_a;
+    int64_t M, n, K;
+  };
+  const Case cases[] = {{false, 64, 32, 40},     {false, 33, 17, 1},      {true, 100, 30, 700},
+                        {true, 20, 70, 33},      {true, 31, 20, 5000},    {false, 96, 64, 300},
+                        {true, 1024, 512, 3200}, {false, 3200, 256, 1024}};
+  std::mt19937 gen(13);
+  std::normal_distribution<float> normal;
+  const float specials[] = {1.0f + 0x1p-8f,
+                            1.0f + 0x1p-8f + 0x1p-9f,
+                            0x1p-130f,
+                            -0x1p-140f,
+                            std::numeric_limits<float>::infinity(),
+                            3.0e38f};
+  for (const Case& c : cases) {
+    const int64_t rows = c.trans_a ? c.K : c.M, cols = c.trans_a ? c.M : c.K;
+    const int64_t lda = cols + 3, ldb = c.n + 2;
+    std::vector<float> A(rows * lda), B(c.K * ldb);
+    for (float& x : A) x = normal(gen);
+    for (float& x : B) x = normal(gen);
+    for (int64_t i = 0; i < 6; ++i) A[(i * 7919) % (rows * lda)] = specials[i];
+    std::vector<uint16_t> bits(rows * lda);
+    ops.narrow_rows_bf16(A.data(), lda, rows, cols, bits.data(), lda);
+    std::vector<float> C(c.M * c.n), Cb(c.M * c.n, -1.0f);
+    ops.tile_gemm(c.trans_a, c.M, c.n, c.K, A.data(), lda, B.data(), ldb, C.data(), c.n, nullptr);
+    ops.tile_gemm(c.trans_a, c.M, c.n, c.K, nullptr, lda, B.data(), ldb, Cb.data(), c.n,
+                  bits.data());
+    EXPECT_EQ(0, std::memcmp(C.data(), Cb.data(), C.size() * sizeof(float)))
+        << c.trans_a << " " << c.M << " " << c.n << " " << c.K;
+    if (!c.trans_a) continue;
+    // Two pieces: B's first n1 columns and the rest, each its own product.
+    const int64_t n1 = c.n / 3;
+    std::vector<float> P(c.M * c.n, -2.0f), Pb(c.M * c.n, -3.0f);
+    for (auto* out : {&P, &Pb}) {
+      const rnncore::cpu::GemmPiece<float> pieces[2] = {
+          {B.data(), ldb, n1, out->data(), c.n},
+          {B.data() + n1, ldb, c.n - n1, out->data() + n1, c.n}};
+      const bool b = out == &Pb;
+      ops.tile_gemm_pieces(true, c.M, c.K, b ? nullptr : A.data(), lda, pieces, 2,
+                           b ? bits.data() : nullptr);
+    }
+    EXPECT_EQ(0, std::memcmp(P.data(), Pb.data(), P.size() * sizeof(float))) << c.M << " " << c.n;
+  }
+}
+
 TEST(TileGemm, InfinitiesStayInfiniteAndEmptySumsAreZero) {
   const auto gemm = rnncore::cpu::fused_kernels().f32.tile_gemm;
   if (!gemm) GTEST_SKIP() << "no AVX-512 BF16 kernels on this CPU";
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> A = {inf, 1.0f, 0.5f, 2.0f}, B = {1.0f, 3.0f, 1.0f, 3.0f}, C(4);
-  gemm(false, 2, 2, 2, A.data(), 2, B.data(), 2, C.data(), 2);  // [[inf,1],[.5,2]]·[[1,3],[1,3]]
+  gemm(false, 2, 2, 2, A.data(), 2, B.data(), 2, C.data(), 2,
+       nullptr);  // [[inf,1],[.5,2]]·[[1,3],[1,3]]
   EXPECT_EQ(C[0], inf);
   EXPECT_EQ(C[1], inf);
   EXPECT_EQ(C[2], 2.5f);
   EXPECT_EQ(C[3], 7.5f);
   std::vector<float> Z(6, 5.0f);
-  gemm(true, 2, 3, 0, A.data(), 2, B.data(), 3, Z.data(), 3);
+  gemm(true, 2, 3, 0, A.data(), 2, B.data(), 3, Z.data(), 3, nullptr);
   for (float z : Z) EXPECT_EQ(z, 0.0f);
 }
 
@@ -256,7 +311,7 @@ TEST(TileGemm, OtherTileUsersOnTheThreadChangeNothing) {
   ops.pack_tiles(B.data(), K, n, packed.data());
   const auto both = [&] {
     std::vector<float> C(M * n), D(M * n);
-    ops.tile_gemm(false, M, n, K, A.data(), K, B.data(), n, C.data(), n);
+    ops.tile_gemm(false, M, n, K, A.data(), K, B.data(), n, C.data(), n, nullptr);
     ops.matmul_tiles(A.data(), K, M, K, packed.data(), n, D.data(), n, false);
     C.insert(C.end(), D.begin(), D.end());
     return C;

@@ -103,6 +103,7 @@ DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   for (auto [ptr, ld] : inputs) *ptr = advance(*ptr, n0 * ld, es);
   for (auto [ptr, ld] : outputs) *ptr = advance(*ptr, n0 * ld, es);
   if (v.z_bits) v.z_bits += n0 * a.z_ld;
+  if (v.dxp_bits) v.dxp_bits += n0 * a.dxp_ld;
   return v;
 }
 
@@ -214,14 +215,15 @@ void backward_impl(const Problem& p, const DirectionBackward* dirs, T* dbias) {
   }
 }
 
-// W_bits: float16 / bfloat16 storage's W as stored, where W has no float32 copy.
+// W_bits: float16 / bfloat16 storage's W as stored, where W has no float32 copy. dxp_bits:
+// dX' as bfloat16 bits (dxp_bits_wanted; dxp unused).
 template <class T>
 void input_gradients_impl(const Problem& p, const T* dxp, const T* source, const T* W, T* dsource,
-                          T* dW, const uint16_t* W_bits) {
+                          T* dW, const uint16_t* W_bits, const uint16_t* dxp_bits) {
   const int64_t rows = p.T * p.N, cols = p.D * p.gh(), I = p.I;
   if (dsource && (W || W_bits))
-    gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I, W_bits);
-  if (dW) gradient_gemm<T>(p, true, cols, I, rows, dxp, cols, source, I, dW, I);
+    gradient_gemm<T>(p, false, rows, I, cols, dxp, cols, W, I, dsource, I, W_bits, dxp_bits);
+  if (dW) gradient_gemm<T>(p, true, cols, I, rows, dxp, cols, source, I, dW, I, nullptr, dxp_bits);
 }
 
 // Runs f(dirs[d]) for every direction, the two of a bidirectional layer claimed by two
@@ -292,15 +294,15 @@ void project(const Problem& p, const void* source, const void* W, const void* bi
 }
 
 void input_gradients(const Problem& p, const void* dxp, const void* source, const void* W,
-                     void* dsource, void* dW, const uint16_t* W_bits) {
+                     void* dsource, void* dW, const uint16_t* W_bits, const uint16_t* dxp_bits) {
   if (p.dtype == DType::Float32)
     input_gradients_impl(p, static_cast<const float*>(dxp), static_cast<const float*>(source),
                          static_cast<const float*>(W), static_cast<float*>(dsource),
-                         static_cast<float*>(dW), W_bits);
+                         static_cast<float*>(dW), W_bits, dxp_bits);
   else
     input_gradients_impl(p, static_cast<const double*>(dxp), static_cast<const double*>(source),
                          static_cast<const double*>(W), static_cast<double*>(dsource),
-                         static_cast<double*>(dW), nullptr);
+                         static_cast<double*>(dW), nullptr, nullptr);
 }
 
 // Direction d's view of the layer's inputs: weights, initial state and cell, mask (already
@@ -466,10 +468,17 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
                  const uint16_t* W_bits = nullptr) {
   const int64_t H = p.H, D = p.D, DH = p.dh(), GH = p.gh(), dgh = D * GH;
   Tensor mask = broadcast_mask(p, in.fwd);
-  // dX' of every step; without an input weight it is the source gradient itself.
-  Tensor dxbuf;
+  // dX' of every step; without an input weight it is the source gradient itself. Kept as
+  // bfloat16 bits (dxp_bits_wanted), dxp holds one step's rows.
+  Tensor dxbuf, dxbits;
   void* dxp = in.dsource;
-  if (p.has_input_weight) {
+  uint16_t* dxp_bits = nullptr;
+  if (dxp_bits_wanted(p)) {
+    dxbits = detail::cached_empty({p.T, p.N, dgh}, DType::BFloat16);
+    dxp_bits = static_cast<uint16_t*>(dxbits.data());
+    dxbuf = detail::cached_empty({p.N, dgh}, p.dtype);
+    dxp = dxbuf.data();
+  } else if (p.has_input_weight) {
     dxbuf = detail::cached_empty({p.T, p.N, dgh}, p.dtype);
     dxp = dxbuf.data();
   }
@@ -498,6 +507,7 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
     a.dc_steps = rows(in.dc_steps, a.dc_steps_ld);
     a.dxp = off(dxp, d * GH);
     a.dxp_ld = dgh;
+    a.dxp_bits = dxp_bits ? dxp_bits + d * GH : nullptr;
     a.dR = off(in.dR, d * GH * H);
     a.source = joint ? in.fwd.source : nullptr;
     a.dW = joint ? off(in.dW, d * GH * p.I) : nullptr;
@@ -511,7 +521,8 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
   else
     backward_impl<double>(p, dirs, static_cast<double*>(in.dbias));
   input_gradients(p, dxp, in.fwd.source, in.fwd.input_weight,
-                  p.has_input_weight ? in.dsource : nullptr, joint ? nullptr : in.dW, W_bits);
+                  p.has_input_weight ? in.dsource : nullptr, joint ? nullptr : in.dW, W_bits,
+                  dxp_bits);
 }
 
 // ---- float16 and bfloat16 storage (contract: storage types) ------------------------------

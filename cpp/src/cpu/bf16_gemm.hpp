@@ -119,35 +119,38 @@ struct Bf16Gemm {
       hi = (__m256i)_mm512_cvtneps_pbh(x);
   }
 
-  // The columns of an operand [K, n]: one row-major array, or the pieces of a GemmPiece list
-  // side by side, each from a multiple of 16 columns (zero columns between), so that no
-  // 16-column block straddles two.
+  // The columns of an operand [K, n]: one row-major array (float32, or bfloat16 bits Xb),
+  // or the pieces of a GemmPiece list side by side, each from a multiple of 16 columns (zero
+  // columns between), so that no 16-column block straddles two.
   struct Columns {
     static constexpr int kMax = 2;
     const float* X[kMax];
+    const uint16_t* Xb[kMax];
     int64_t ld[kMax], n[kMax], off[kMax];
     int count;
     int64_t width;  // columns in all, padding included
-    Columns(const float* x, int64_t ldx, int64_t cols) : X{x}, ld{ldx}, n{cols}, off{0}, count(1) {
+    Columns(const float* x, const uint16_t* xb, int64_t ldx, int64_t cols)
+        : X{x}, Xb{xb}, ld{ldx}, n{cols}, off{0}, count(1) {
       width = cols;
     }
     explicit Columns(const GemmPiece<float>* pc, int pieces) : count(pieces) {
       int64_t c = 0;
       for (int q = 0; q < pieces; ++q) {
-        X[q] = pc[q].B, ld[q] = pc[q].ldb, n[q] = pc[q].n, off[q] = c;
+        X[q] = pc[q].B, Xb[q] = nullptr, ld[q] = pc[q].ldb, n[q] = pc[q].n, off[q] = c;
         c = q + 1 < pieces ? (c + pc[q].n + 15) / 16 * 16 : c + pc[q].n;
       }
       width = c;
     }
     struct Block {
       const float* X;
+      const uint16_t* Xb;
       int64_t ld, n, c0;  // the piece, its columns, and the block's first column in it
     };
     Block block(int64_t j) const {
       const int64_t c = j * 16;
       int q = count - 1;
       while (q > 0 && c < off[q]) --q;
-      return {X[q], ld[q], n[q], c - off[q]};
+      return {X[q], Xb[q], ld[q], n[q], c - off[q]};
     }
   };
 
@@ -175,12 +178,45 @@ struct Bf16Gemm {
     }
   }
 
+  // pack_a_rows (hi only) of A given as bfloat16 bits: the same tiles as of the float32
+  // values rounded (narrow_rows).
+  static void pack_a_rows_bits(const uint16_t* A, int64_t lda, int64_t M, int64_t K, int64_t i,
+                               int64_t kb0, int64_t KB, uint16_t* hi) {
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      uint16_t* th = hi + (i * KB + kb) * kTile;
+      const int64_t k0 = (kb0 + kb) * 32, left = K - k0;
+      const __mmask32 m = left >= 32 ? ~__mmask32(0) : left <= 0 ? 0 : (__mmask32(1) << left) - 1;
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t row = i * 16 + r;
+        _mm512_storeu_si512(th + r * 32, row < M ? _mm512_maskz_loadu_epi16(m, A + row * lda + k0)
+                                                 : _mm512_setzero_si512());
+      }
+    }
+  }
+
+  // dst [rows, n] (ldd apart) = src [rows, n] (lds apart) rounded to bfloat16 as the packing
+  // rounds (nearest even; FusedOps::narrow_rows_bf16).
+  static void narrow_rows(const float* src, int64_t lds, int64_t rows, int64_t n, uint16_t* dst,
+                          int64_t ldd) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = lanes(n - c);
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + r * lds + c));
+        _mm256_mask_storeu_epi16(dst + r * ldd + c, m, h);
+      }
+  }
+
   // Rows 2q and 2q+1 of X [K, n] (ld apart, columns c0 .. c0+15) as 16 pairs (32-bit lanes
-  // by column), rounded to bfloat16; rows past K are zero.
-  static __m512i pairs_of_rows(const float* X, int64_t ld, int64_t K, int64_t n, int64_t c0,
-                               int64_t k) {
+  // by column), rounded to bfloat16 (Xb: X's bfloat16 bits instead); rows past K are zero.
+  static __m512i pairs_of_rows(const float* X, const uint16_t* Xb, int64_t ld, int64_t K, int64_t n,
+                               int64_t c0, int64_t k) {
     const __mmask16 m = lanes(n - c0);
     __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+    if (Xb) {
+      if (k < K) h0 = _mm256_maskz_loadu_epi16(m, Xb + k * ld + c0);
+      if (k + 1 < K) h1 = _mm256_maskz_loadu_epi16(m, Xb + (k + 1) * ld + c0);
+      return _mm512_or_si512(widen16(h0), shl(widen16(h1), 16));
+    }
     if (k < K) h0 = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, X + k * ld + c0));
     if (k + 1 < K)
       h1 = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, X + (k + 1) * ld + c0));
@@ -198,8 +234,9 @@ struct Bf16Gemm {
       for (int64_t q = 0; q < 16; ++q)
         for (int64_t j = j0; j < j1; ++j) {
           const Columns::Block b = B.block(j);
-          _mm512_storeu_si512(out + (j * KB + kb) * kTile + q * 32,
-                              pairs_of_rows(b.X, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q));
+          _mm512_storeu_si512(
+              out + (j * KB + kb) * kTile + q * 32,
+              pairs_of_rows(b.X, b.Xb, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q));
         }
   }
   // Column blocks a packing task of B takes (pack_b).
@@ -241,7 +278,7 @@ struct Bf16Gemm {
         const Columns::Block b = X.block(i);
         __m512i h[16];
         for (int64_t q = 0; q < 16; ++q)
-          h[q] = pairs_of_rows(b.X, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q);
+          h[q] = pairs_of_rows(b.X, b.Xb, b.ld, K, b.n, b.c0, (kb0 + kb) * 32 + 2 * q);
         transpose16(h);
         uint16_t* t = out + (i * KB + kb) * kTile;
         for (int r = 0; r < 16; ++r) _mm512_storeu_si512(t + r * 32, h[r]);
@@ -329,18 +366,18 @@ struct Bf16Gemm {
 #endif
 
   // C[M, n] = op(A) B, op(A) = A [M, K] or (trans_a) Aᵀ for A [K, M]; B [K, n]; row-major;
-  // both operands rounded to bfloat16.
+  // both operands rounded to bfloat16 (A_bits: A's bfloat16 bits, read in A's place).
   static void gemm(bool trans_a, int64_t M, int64_t n, int64_t K, const float* A, int64_t lda,
-                   const float* B, int64_t ldb, float* C, int64_t ldc) {
+                   const float* B, int64_t ldb, float* C, int64_t ldc, const uint16_t* A_bits) {
     const GemmPiece<float> piece{B, ldb, n, C, ldc};
-    gemm_pieces(trans_a, M, K, A, lda, &piece, 1);
+    gemm_pieces(trans_a, M, K, A, lda, &piece, 1, A_bits);
   }
 
   // C_q [M, n_q] = op(A) B_q for the pieces q (at most Columns::kMax): one product of op(A)
   // and the pieces side by side, so that op(A) is packed once for all of them (dX' for the
   // LSTM's dW and dR). Each element's sums are those of its piece's product alone.
   static void gemm_pieces(bool trans_a, int64_t M, int64_t K, const float* A, int64_t lda,
-                          const GemmPiece<float>* pc, int pieces) {
+                          const GemmPiece<float>* pc, int pieces, const uint16_t* A_bits) {
     const Columns Bc(pc, pieces);
     const int64_t n = Bc.width;
     if (M == 0 || n == 0) return;
@@ -353,7 +390,7 @@ struct Bf16Gemm {
     // Aᵀ B with fewer columns than rows: computed as (Bᵀ A)ᵀ, so that the transposed
     // operand (the costlier to pack) is the smaller one.
     const bool swap = trans_a && n < M;
-    const Columns Ac(A, lda, M);
+    const Columns Ac(A, A_bits, lda, M);
     const int64_t Mc = swap ? n : M, Nc = swap ? M : n;
     const int64_t MB = (Mc + 31) / 32 * 2, NB = (Nc + 31) / 32 * 2, KB = (K + 31) / 32;
     // C itself takes the tiles when it is made of whole blocks; else a padded copy does.
@@ -385,6 +422,8 @@ struct Bf16Gemm {
           const int64_t i0 = t * kPackColumns, i1 = std::min(MB, i0 + kPackColumns);
           if (cols)
             pack_a_cols(swap ? Bc : Ac, K, i0, i1, kb0, kc, Ah);
+          else if (A_bits)
+            pack_a_rows_bits(A_bits, lda, Mc, K, t, kb0, kc, Ah);
           else
             pack_a_rows(A, lda, Mc, K, t, kb0, kc, Ah, nullptr);
         } else {
@@ -514,7 +553,7 @@ struct Bf16Gemm {
   // B [K, n] as tiles of its values, which are bfloat16 (R of bfloat16 storage): exact.
   static void pack_tiles(const float* B, int64_t K, int64_t n, uint16_t* out) {
     const int64_t KB = (K + 31) / 32;
-    pack_b(Columns(B, n, n), K, 0, (n + 15) / 16, 0, KB, out);
+    pack_b(Columns(B, nullptr, n, n), K, 0, (n + 15) / 16, 0, KB, out);
   }
 
   // C[M, n] (+)= A[M, K] B for B packed by pack_tiles, A split into hi + lo per 16 rows: two

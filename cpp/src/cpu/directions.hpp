@@ -90,6 +90,9 @@ struct DirectionBackward : DirectionInputs {
 
   void* dxp = nullptr;  // dX' [T, N, G*H] (input time)
   int64_t dxp_ld = 0;
+  // dX' as bfloat16 bits [T, N, G*H] (dxp_ld apart; recurrence.hpp's dxp_bits_wanted), dxp
+  // then being one step's float32 rows [N, G*H]; else null.
+  uint16_t* dxp_bits = nullptr;
   void* dR = nullptr;   // [G*H, H]
   void* dP = nullptr;   // LSTM [4H] or null
   void* db2 = nullptr;  // GRU reset-after secondary-bias gradient [H] or null

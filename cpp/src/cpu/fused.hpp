@@ -91,13 +91,19 @@ struct FusedOps {
   int pair_columns;
   // C[M, n] = op(A) B (op(A) = Aᵀ, A [K, M], with trans_a), all row-major float32, with both
   // operands rounded to bfloat16 (bf16_gemm.hpp: AMX tiles or vdpbf16ps; null without AVX-512
-  // BF16): the gradient GEMMs of bfloat16 storage.
+  // BF16): the gradient GEMMs of bfloat16 storage. A_bits: A as bfloat16 bits (narrow_rows_bf16's),
+  // read in A's place (A unused).
   void (*tile_gemm)(bool trans_a, int64_t M, int64_t n, int64_t K, const T* A, int64_t lda,
-                    const T* B, int64_t ldb, T* C, int64_t ldc);
+                    const T* B, int64_t ldb, T* C, int64_t ldc, const uint16_t* A_bits);
   // The products op(A) B_q of up to two pieces, op(A) packed once for them (the same bits as
   // tile_gemm's of each piece).
   void (*tile_gemm_pieces)(bool trans_a, int64_t M, int64_t K, const T* A, int64_t lda,
-                           const GemmPiece<T>* pieces, int count);
+                           const GemmPiece<T>* pieces, int count, const uint16_t* A_bits);
+  // dst [rows, n] (ldd apart) = src [rows, n] (lds apart) rounded to bfloat16 as tile_gemm
+  // rounds its operands (null where tile_gemm is): tile_gemm on the bits then gives the bits
+  // of tile_gemm on src.
+  void (*narrow_rows_bf16)(const T* src, int64_t lds, int64_t rows, int64_t n, uint16_t* dst,
+                           int64_t ldd);
   // The backward steps' product for bfloat16 storage on AMX (null without): pack_tiles packs
   // B [K, n], whose values are bfloat16 (R of bfloat16 storage), into tiles_size(K, n)
   // elements; matmul_tiles is matmul on them with A split into bfloat16 hi + lo.

@@ -40,11 +40,13 @@ FusedOps<T> ops() {
                 nullptr,
                 nullptr,
                 nullptr,
+                nullptr,
                 F::kHalfPanels};
 #if RNNCORE_FUSED_DOT_BF16
   if constexpr (std::is_same_v<T, float>) {  // bfloat16 storage's gradients (bf16_gemm.hpp)
     o.tile_gemm = &Bf16Gemm::gemm;
     o.tile_gemm_pieces = &Bf16Gemm::gemm_pieces;
+    o.narrow_rows_bf16 = &Bf16Gemm::narrow_rows;
   }
 #endif
 #if defined(__AVX512F__)

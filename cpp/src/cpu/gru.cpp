@@ -161,7 +161,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
     T* hm = hm_all + tin * TS * H;
     store_masked(a, hp, N, H, hm);
     T* sd = side + tin * TS * H;
-    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
+    T* dx = step_dx<T>(a, tin, TS);
     for (int64_t n = 0; n < N; ++n) {
       const T* zr = z + n * a.z_ld;
       const T* hpr = hp.row(n);
@@ -209,6 +209,7 @@ void gru_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
                       R_bits(a), a.R_bfloat16);
     }
     add_bias_rows(sl, dx, a.dxp_ld, G3);
+    keep_step_dx(a, dx, tin, TS, N, G3);
     apply_mask(a, dh_next, N, H);
     for (int64_t k = 0; k < N * H; ++k) dh_next[k] += direct[k];
   }
@@ -221,7 +222,8 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
   const int64_t H = p.H, rows = p.T * p.N, oo = 2 * H;
   const T* dxp = static_cast<const T*>(a.dxp);
   T* dR = static_cast<T*>(a.dR);
-  gradient_gemm<T>(p, true, 2 * H, H, rows, dxp, a.dxp_ld, hm_all, H, dR, H);
+  const uint16_t* bits = a.dxp_bits;  // (dX' as bfloat16 bits, dxp unused)
+  gradient_gemm<T>(p, true, 2 * H, H, rows, dxp, a.dxp_ld, hm_all, H, dR, H, nullptr, bits);
   if (p.gru.reset_after) {
     gradient_gemm<T>(p, true, H, H, rows, side, H, hm_all, H, dR + 2 * H * H, H);
     if (a.db2) {
@@ -231,7 +233,8 @@ void gru_backward_reduce(const Problem& p, const DirectionBackward& a, const T* 
         for (int64_t j = 0; j < H; ++j) db2[j] += side[k * H + j];
     }
   } else {
-    gradient_gemm<T>(p, true, H, H, rows, dxp + oo, a.dxp_ld, side, H, dR + 2 * H * H, H);
+    gradient_gemm<T>(p, true, H, H, rows, bits ? nullptr : dxp + oo, a.dxp_ld, side, H,
+                     dR + 2 * H * H, H, nullptr, bits ? bits + oo : nullptr);
   }
 }
 

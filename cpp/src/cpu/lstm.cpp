@@ -111,7 +111,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
     const T* dcs =
         a.dc_steps ? static_cast<const T*>(a.dc_steps) + tout * TS * a.dc_steps_ld : nullptr;
-    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
+    T* dx = step_dx<T>(a, tin, TS);
     for (int64_t n = 0; n < N; ++n) {
       const T* zr = zb ? widen_bfloat16_row(zb + n * a.z_ld, G4, zw) : z + n * a.z_ld;
       for (int64_t k = 0; k < 4; ++k)
@@ -138,6 +138,7 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
           }
     }
     end_step(p, a, sl, s, zeros, dx, G4, dh_next);
+    keep_step_dx(a, dx, tin, TS, N, G4);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
   copy_rows(dc_next, N, H, a.dc0, a.dc0_ld);

@@ -140,11 +140,12 @@ class StepProduct {
 // times the multiplications, and their packing, for K = 1). B of a few rows' product is W or
 // R, already bfloat16.
 // B_bits: B in float16 / bfloat16 storage's bits, read as stored (B null; not with trans_a,
-// nor where the tiles run).
+// nor where the tiles run). A_bits: A as bfloat16 bits (dX' of bfloat16 storage where
+// dxp_bits_wanted), read in A's place by the tiles (A null).
 template <class T>
 void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t K, const T* A,
                    int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
-                   const uint16_t* B_bits = nullptr) {
+                   const uint16_t* B_bits = nullptr, const uint16_t* A_bits = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     const auto tiles = fused_kernels().f32.tile_gemm;
     const bool bfloat16 = p.storage == DType::BFloat16;
@@ -152,7 +153,16 @@ void gradient_gemm(const Problem& p, bool trans_a, int64_t M, int64_t n, int64_t
       return parallel_gemm_bits(false, bfloat16, M, n, K, 1.0f, A, lda, B_bits, ldb, 0.0f, C, ldc);
     if (bfloat16 && tiles) {
       if (!(trans_a ? K <= kShortK : M <= kFewRows32))
-        return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc);
+        return tiles(trans_a, M, n, K, A, lda, B, ldb, C, ldc, A_bits);
+      std::vector<float> widened;  // A's bits as values (never with dxp_bits_wanted's sizes)
+      if (A_bits) {
+        const int64_t rows = trans_a ? K : M, cols = trans_a ? M : K;
+        widened.resize(static_cast<size_t>(rows * lda));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            widened[r * lda + c] = bfloat16_to_float(A_bits[r * lda + c]);
+        A = widened.data();
+      }
       const auto rounded = [](const float* src, int64_t rows, int64_t cols, int64_t ld) {
         std::vector<float> out(static_cast<size_t>(rows * cols));
         for (int64_t r = 0; r < rows; ++r)
@@ -195,10 +205,42 @@ void recurrent_gradient(const Problem& p, const DirectionBackward& a, int64_t M,
     if (a.dW) {
       const GemmPiece<float> pieces[2] = {
           {static_cast<const float*>(a.source), p.I, p.I, static_cast<float*>(a.dW), p.I}, dR};
-      return fused_kernels().f32.tile_gemm_pieces(true, M, K, dxp, a.dxp_ld, pieces, 2);
+      return fused_kernels().f32.tile_gemm_pieces(true, M, K, dxp, a.dxp_ld, pieces, 2, a.dxp_bits);
     }
   }
-  gradient_gemm<T>(p, true, M, p.H, K, dxp, a.dxp_ld, hm_all, p.H, dR.C, p.H);
+  gradient_gemm<T>(p, true, M, p.H, K, dxp, a.dxp_ld, hm_all, p.H, dR.C, p.H, nullptr, a.dxp_bits);
+}
+
+// dX' kept as the bfloat16 its gradient GEMMs round it to (DirectionBackward::dxp_bits):
+// bfloat16 storage where those GEMMs run on tiles (the sizes gradient_gemm gives them), and an
+// input weight (else dX' is the source gradient itself). Then dX' of all steps is written
+// and read in 16 bits rather than 32 (13 MB of float32 at T=100 N=32 H=256, written once and
+// read by two GEMMs' packing), with the same bits: the tiles round it so anyway.
+inline bool dxp_bits_wanted(const Problem& p) {
+  const auto& k = fused_kernels().f32;
+  return p.storage == DType::BFloat16 && p.dtype == DType::Float32 && p.has_input_weight &&
+         k.tile_gemm && k.tile_gemm_pieces && k.narrow_rows_bf16 &&
+         p.T * p.N > std::max(kShortK, kFewRows32);
+}
+
+// Step s's rows of dX' (at input time tin): in dX' itself, or with dxp_bits in the one step's
+// float32 rows that dxp then is (the step's product with R and the bias gradient read them).
+template <class T>
+T* step_dx(const DirectionBackward& a, int64_t tin, int64_t N) {
+  return static_cast<T*>(a.dxp) + (a.dxp_bits ? 0 : tin * N * a.dxp_ld);
+}
+
+// After the step: its `rows` rows of dX' (K columns) into dxp_bits, where kept there.
+template <class T>
+void keep_step_dx(const DirectionBackward& a, const T* dx, int64_t tin, int64_t N, int64_t rows,
+                  int64_t K) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.dxp_bits)
+      fused_kernels().f32.narrow_rows_bf16(dx, a.dxp_ld, rows, K, a.dxp_bits + tin * N * a.dxp_ld,
+                                           a.dxp_ld);
+  } else {
+    (void)a, (void)dx, (void)tin, (void)N, (void)rows, (void)K;
+  }
 }
 
 // The state entering step s of a backward pass, from forward outputs (at output time).

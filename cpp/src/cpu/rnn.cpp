@@ -45,7 +45,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
     const T* z = static_cast<const T*>(a.z) + tout * TS * a.z_ld;
     const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
-    T* dx = static_cast<T*>(a.dxp) + tin * TS * a.dxp_ld;
+    T* dx = step_dx<T>(a, tin, TS);
     for (int64_t n = 0; n < N; ++n) {
       activate_grad(act, z + n * a.z_ld, f, df, H);
       store_next_state(p, a, sl, s, n, f, static_cast<const T*>(nullptr));
@@ -59,6 +59,7 @@ void rnn_backward(const Problem& p, const DirectionBackward& a, const BackwardSl
       for (int64_t j = 0; j < H; ++j) dxr[j] *= df[j];
     }
     end_step(p, a, sl, s, zeros, dx, H, dh_next);
+    keep_step_dx(a, dx, tin, TS, N, H);
   }
   copy_rows(dh_next, N, H, a.dh0, a.dh0_ld);
 }
