@@ -2,7 +2,8 @@
 
 It runs every operation on every available device (or the ``--device`` ones) over a
 sweep of descriptor options and awkward sizes, in float32 and, where the device computes
-them, float64 (the CPU) and float16 (Metal devices), compares each result with
+them, float64 (the CPU), float16 (the CPU and Metal devices) and bfloat16 (the CPU, and
+Metal from macOS 14), compares each result with
 ``rnncore.reference`` and prints one row per operation x device x dtype: cases run, cases
 failed, the worst relative error ``||actual - reference|| / ||reference||`` over all
 outputs, and the tolerance. It exits with status 1 if anything failed.
@@ -445,7 +446,7 @@ def run(args):
 HELP = "compare every operation with the numpy reference on every device"
 DESCRIPTION = (
     "Run every operation over a sweep of options and sizes on every available device in "
-    "float32, float64 and float16 (where the device computes them), compare with "
+    "float32, float64, float16 and bfloat16 (where the device computes them), compare with "
     "rnncore.reference, print a pass/fail table; exit status 1 on any failure."
 )
 
