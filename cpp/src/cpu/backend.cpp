@@ -103,6 +103,8 @@ DirectionBackward from_row(const DirectionBackward& a, int64_t n0, int64_t es) {
   for (auto [ptr, ld] : inputs) *ptr = advance(*ptr, n0 * ld, es);
   for (auto [ptr, ld] : outputs) *ptr = advance(*ptr, n0 * ld, es);
   if (v.z_bits) v.z_bits += n0 * a.z_ld;
+  if (v.c_bits) v.c_bits += n0 * a.c_fwd_ld;
+  if (v.dy_bits) v.dy_bits += n0 * a.dy_ld;
   if (v.dxp_bits) v.dxp_bits += n0 * a.dxp_ld;
   return v;
 }
@@ -459,13 +461,19 @@ void forward_op(const Problem& p, const detail::ForwardArrays& in) {
   forward_op(p, in, NarrowR{}, !blas_path_forced() && !per_step_blas(p));
 }
 
-// BPTT per direction into dX', then the input-side gradients from dX'.
-// z_bits: bfloat16 storage's training state as the caller gave it, for an LSTM whose steps
-// widen its rows themselves (in.z_state is then null). R_bits, W_bits: float16 / bfloat16
-// storage's R and W as the caller gave them, read as stored where in.fwd has no float32 copy.
-void backward_op(const Problem& p, const detail::BackwardArrays& in,
-                 const uint16_t* z_bits = nullptr, const uint16_t* R_bits = nullptr,
-                 const uint16_t* W_bits = nullptr) {
+// bfloat16 storage's arrays as the caller gave them, for an LSTM whose steps widen their rows
+// themselves (DirectionBackward::z_bits, c_bits, dy_bits; the float32 arrays then null).
+struct RowBits {
+  const uint16_t* z = nullptr;   // training state
+  const uint16_t* c = nullptr;   // the forward's cell output
+  const uint16_t* dy = nullptr;  // source_gradient
+};
+
+// BPTT per direction into dX', then the input-side gradients from dX'. R_bits, W_bits:
+// float16 / bfloat16 storage's R and W as the caller gave them, read as stored where in.fwd
+// has no float32 copy.
+void backward_op(const Problem& p, const detail::BackwardArrays& in, RowBits bits = {},
+                 const uint16_t* R_bits = nullptr, const uint16_t* W_bits = nullptr) {
   const int64_t H = p.H, D = p.D, DH = p.dh(), GH = p.gh(), dgh = D * GH;
   Tensor mask = broadcast_mask(p, in.fwd);
   // dX' of every step; without an input weight it is the source gradient itself. Kept as
@@ -498,7 +506,9 @@ void backward_op(const Problem& p, const detail::BackwardArrays& in,
     };
     a.z = off(in.z_state, d * p.ZG * H);
     a.z_ld = D * p.ZG * H;
-    a.z_bits = z_bits ? z_bits + d * p.ZG * H : nullptr;
+    a.z_bits = bits.z ? bits.z + d * p.ZG * H : nullptr;
+    a.c_bits = bits.c ? bits.c + d * H : nullptr;
+    a.dy_bits = bits.dy ? bits.dy + d * H : nullptr;
     a.h_fwd = rows(in.h_fwd, a.h_fwd_ld);
     a.c_fwd = rows(in.c_fwd, a.c_fwd_ld);
     a.dy = rows(in.dy, a.dy_ld);
@@ -775,15 +785,16 @@ void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
   const bool W_stored =
       bits && p.has_input_weight && p.I > 0 && own_gemm_nn(p.T * p.N, p.I, p.D * p.gh());
   b.fwd = widen_inputs(p, a.fwd, w, R_stored, false, W_stored);
-  // The LSTM's steps widen the training state's rows as they read them (4-5% of its
-  // gradient op at T=100 N=32 H=256 went to widening all of it first).
+  // The LSTM's steps widen the rows of the training state, the cell output and dy as they
+  // read them (4-5% of its gradient op at T=100 N=32 H=256 went to widening all of the
+  // training state first; the cell output and dy then took 2.4-4% of the samples).
   const bool z_rows = p.dtype == DType::BFloat16 && p.op == detail::OpKind::Lstm;
   b.z_state = z_rows ? nullptr : w.in(a.z_state, n.z);
   // Only the GRU's steps read the forward's state (the LSTM's and the single-gate RNN's
   // recompute h̃ from their gates): 0.8M elements widened for nothing at T=100 N=32 H=256.
   b.h_fwd = p.op == detail::OpKind::Gru ? w.in(a.h_fwd, n.seq) : nullptr;
-  b.c_fwd = w.in(a.c_fwd, n.seq);
-  b.dy = w.in(a.dy, n.seq);
+  b.c_fwd = z_rows ? nullptr : w.in(a.c_fwd, n.seq);
+  b.dy = z_rows ? nullptr : w.in(a.dy, n.seq);
   b.dh_final = w.in(a.dh_final, n.nh);
   b.dc_final = w.in(a.dc_final, n.nh);
   b.dc_steps = w.in(a.dc_steps, n.seq);
@@ -795,8 +806,11 @@ void backward_narrow(const Problem& p, const detail::BackwardArrays& a) {
   b.dc0 = w.out(a.dc0, n.nh);
   b.dP = w.out(a.dP, n.peephole);
   b.db2 = w.out(a.db2, n.b2);
-  backward_op(q, b, z_rows ? static_cast<const uint16_t*>(a.z_state) : nullptr,
-              R_stored ? static_cast<const uint16_t*>(a.fwd.recurrent_weight) : nullptr,
+  RowBits rows;
+  if (z_rows)
+    rows = {static_cast<const uint16_t*>(a.z_state), static_cast<const uint16_t*>(a.c_fwd),
+            static_cast<const uint16_t*>(a.dy)};
+  backward_op(q, b, rows, R_stored ? static_cast<const uint16_t*>(a.fwd.recurrent_weight) : nullptr,
               W_stored ? static_cast<const uint16_t*>(a.fwd.input_weight) : nullptr);
   w.finish();
 }

@@ -69,8 +69,11 @@ struct DirectionBackward : DirectionInputs {
   const void* z = nullptr;  // training state [T, N, ZG*H]
   int64_t z_ld = 0;
   // bfloat16 storage's LSTM: the training state as the caller gave it (z_ld apart), each row
-  // widened by the step that reads it (z is then null): no float32 copy of all of it.
+  // widened by the step that reads it (z is then null): no float32 copy of all of it. So are
+  // the forward's cell output (c_bits, c_fwd_ld apart; c_fwd null) and dy (dy_bits, dy_ld).
   const uint16_t* z_bits = nullptr;
+  const uint16_t* c_bits = nullptr;
+  const uint16_t* dy_bits = nullptr;
   // Where dW is computed with dR (joint_input_gradient): the source [T*N, I] and this
   // direction's dW [G*H, I]; else null.
   const void* source = nullptr;

@@ -83,7 +83,7 @@ void lstm_row_gradient(int64_t H, const T* __restrict dh, const T* __restrict gi
 template <class T>
 void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardSlice<T>& sl) {
   const int64_t T_ = p.T, N = sl.rows, TS = p.N, H = p.H, G4 = 4 * H;
-  Scratch<T> ws(N * H * 3 + 3 * G4 + 3 * H);
+  Scratch<T> ws(N * H * 3 + 3 * G4 + 6 * H);
   T* zeros = ws.take(N * H);
   T* dh_next = ws.take(N * H);
   T* dc_next = ws.take(N * H);
@@ -93,6 +93,9 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
   T* phi = ws.take(H);
   T* dphi = ws.take(H);
   T* tmp = ws.take(H);
+  T* cw = ws.take(H);  // rows of bfloat16 arrays widened (c_bits, dy_bits)
+  T* cpw = ws.take(H);
+  T* dyw = ws.take(H);
   T* dP = sl.dP;
   const T* P = static_cast<const T*>(a.peephole);
   const int64_t oi = p.lstm_i * H, of = p.lstm_f * H, oz = p.lstm_z * H, oo = p.lstm_o * H;
@@ -104,10 +107,16 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
     const int64_t tin = step_time(s, T_, a.flip_in), tout = step_time(s, T_, a.flip_out);
     const T* z = a.z ? static_cast<const T*>(a.z) + tout * TS * a.z_ld : nullptr;
     const uint16_t* zb = a.z_bits ? a.z_bits + tout * TS * a.z_ld : nullptr;
-    const T* c = static_cast<const T*>(a.c_fwd) + tout * TS * a.c_fwd_ld;
+    // The cell output, the previous step's and dy: float32 rows, or bfloat16 rows widened.
+    const uint16_t* cb = a.c_bits ? a.c_bits + tout * TS * a.c_fwd_ld : nullptr;
+    const uint16_t* cpb =
+        a.c_bits && s > 0 ? a.c_bits + step_time(s - 1, T_, a.flip_out) * TS * a.c_fwd_ld : nullptr;
+    const uint16_t* dyb = a.dy_bits ? a.dy_bits + tout * TS * a.dy_ld : nullptr;
+    const T* c = cb ? nullptr : static_cast<const T*>(a.c_fwd) + tout * TS * a.c_fwd_ld;
     const Rows<const T> cp =
-        previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS, a.flip_out, zeros, H);
-    const T* dy = static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
+        cpb ? Rows<const T>{nullptr, 0}
+            : previous_fwd<T>(a.c0, a.c0_ld, a.c_fwd, a.c_fwd_ld, s, T_, TS, a.flip_out, zeros, H);
+    const T* dy = dyb ? nullptr : static_cast<const T*>(a.dy) + tout * TS * a.dy_ld;
     const T* dfin = s == T_ - 1 ? static_cast<const T*>(a.dh_final) : nullptr;
     const T* dcs =
         a.dc_steps ? static_cast<const T*>(a.dc_steps) + tout * TS * a.dc_steps_ld : nullptr;
@@ -116,13 +125,14 @@ void lstm_backward(const Problem& p, const DirectionBackward& a, const BackwardS
       const T* zr = zb ? widen_bfloat16_row(zb + n * a.z_ld, G4, zw) : z + n * a.z_ld;
       for (int64_t k = 0; k < 4; ++k)
         activate_grad(p.gate_act[k], zr + k * H, g + k * H, dg + k * H, H);
-      activate_grad(p.cell_act, c + n * a.c_fwd_ld, phi, dphi, H);
+      const T* cr = cb ? widen_bfloat16_row(cb + n * a.c_fwd_ld, H, cw) : c + n * a.c_fwd_ld;
+      activate_grad(p.cell_act, cr, phi, dphi, H);
       store_next_state(p, a, sl, s, n, g + oo, phi);
-      const T* cpr = cp.row(n);
+      const T* cpr = cpb ? widen_bfloat16_row(cpb + n * a.c_fwd_ld, H, cpw) : cp.row(n);
       T* dxr = dx + n * a.dxp_ld;
       T* dcn = dc_next + n * H;
       // dh of the row, then its gates' dX' (lstm_row_gradient: loops the compiler vectorises).
-      const T* dyr = dy + n * a.dy_ld;
+      const T* dyr = dyb ? widen_bfloat16_row(dyb + n * a.dy_ld, H, dyw) : dy + n * a.dy_ld;
       T* dhr = dh_next + n * H;
       for (int64_t j = 0; j < H; ++j) tmp[j] = dyr[j] + dhr[j];
       if (dfin)
