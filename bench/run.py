@@ -7,7 +7,8 @@
 The same bench as ``python -m rnncore bench`` (rnncore.bench, where every option is
 described); run from a checkout, it records the checkout's commit. The committed results in
 bench/results/ were made with ``--threads 2 --out DIR --force`` on an AMD EPYC (Zen 3; those in
-bench/results/intel-xeon-amx/ on an Intel Xeon with AMX, and in bench/results/amd-zen2/ on a
+bench/results/intel-xeon-amx/ on an Intel Xeon with AMX, bench/results/intel-xeon-busy/ on a
+busy one, and in bench/results/amd-zen2/ on a
 Zen 2 with an earlier build), loaded.md with ``--loaded``; replacing files takes ``--force``.
 """
 
