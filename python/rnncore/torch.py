@@ -142,7 +142,6 @@ class _Spec:
     def __init__(self, module, kind, lengths=None):
         self.kind = kind
         self.lengths = lengths  # [N] int64, or None
-        self._descriptors = {}  # by training
         self.H = module.hidden_size
         self.D = 2 if module.bidirectional else 1
         self.bias = module.bias
@@ -176,12 +175,9 @@ class _Spec:
         return with_lengths
 
     def descriptor(self, training):
-        d = self._descriptors.get(training)
-        if d is None:
-            d = self._descriptors[training] = self._descriptor(training)
-        return d
-
-    def _descriptor(self, training):
+        # Made per call (a microsecond), not kept: a descriptor kept by the module outlived
+        # the extension at the exit of a script ending with the module alive, and nanobind
+        # reported it as leaked.
         bidirectional = self.D == 2
         if self.kind == "gru":
             return rnncore.GRUDescriptor(
