@@ -399,6 +399,40 @@ def test_bfloat16_gradient_gemms_round_their_operands(name, bidirectional):
     assert rounded > 1e-4
 
 
+@pytest.mark.parametrize("T, N", [(2, 3), (4, 40)], ids=["few rows", "fused"])
+def test_bfloat16_subnormals(T, N):  # noqa: N803
+    """vdpbf16ps and AMX's tdpbf16ps take subnormal bfloat16 operands (below 2^-126) as zero
+    and flush subnormal results, as oneDNN's bfloat16 layers do: on the AVX-512 BF16 variants
+    a forward of subnormal inputs gives zeros, and so does the input weight's gradient (its
+    GEMM's x operand) past 32 rows in T·N. Elsewhere the float32 op keeps them: its bits,
+    rounded once."""
+    bf = ml_dtypes.bfloat16
+    I, H = 32, 16  # noqa: E741, N806
+    desc = rnncore.RNNDescriptor(activation=rnncore.Activation.TANH, training=True)
+    x = np.full((T, N, I), 2e-39).astype(bf)  # subnormal: 2e-39 < 2^-126
+    W = np.ones((H, I)).astype(bf)  # noqa: N806
+    R = np.eye(H).astype(bf)  # noqa: N806
+    dy = np.ones((T, N, H)).astype(bf)
+
+    def both(a, *w):
+        out = rnncore.single_gate_rnn(a, w[1], input_weight=w[0], descriptor=desc)
+        g = rnncore.single_gate_rnn_gradients(
+            a, w[1], dy.astype(a.dtype), out.z_state, input_weight=w[0], descriptor=desc
+        )
+        return out.state, g.input_weight
+
+    y, dW = both(x, W, R)  # noqa: N806
+    y32, dW32 = both(x.astype(np.float32), W.astype(np.float32), R.astype(np.float32))  # noqa: N806
+    assert y32.min() > 0 and dW32.min() > 0
+    if BFLOAT16_DOT:
+        assert not y.astype(np.float32).any()
+        if T * N > 32:
+            assert not dW.astype(np.float32).any()
+    else:
+        np.testing.assert_array_equal(y.view(np.uint16), y32.astype(bf).view(np.uint16))
+        np.testing.assert_array_equal(dW.view(np.uint16), dW32.astype(bf).view(np.uint16))
+
+
 def test_bfloat16_torch_tensors_and_strided_views():
     """bfloat16 from torch (DLPack) and a strided numpy view: the same result as the C-order
     numpy array; the result is an ml_dtypes.bfloat16 numpy array."""
