@@ -433,6 +433,36 @@ def test_bfloat16_subnormals(T, N):  # noqa: N803
         np.testing.assert_array_equal(dW.view(np.uint16), dW32.astype(bf).view(np.uint16))
 
 
+@pytest.mark.parametrize("N", [1, 32])
+def test_bfloat16_outputs_round_subnormal_values_as_numbers(N):  # noqa: N803
+    """Outputs written in bfloat16 by the kernels themselves (an LSTM on pairs: state, cell and
+    training state) round a subnormal float32 as any other number, as the float32 op rounded
+    once does (vcvtneps2bf16, which they use elsewhere, would take it as zero): zero weights,
+    so the training state is the bias, subnormal in most lanes."""
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(3)
+    T, I, H = 3, 8, 32  # noqa: N806, E741
+    bias = rng.standard_normal(4 * H) * 1e-39
+    bias[::7] = rng.standard_normal(len(bias[::7]))  # and some normal ones beside them
+    args = dict(
+        source=rng.standard_normal((T, N, I)),
+        recurrent_weight=np.zeros((4 * H, H)),
+        input_weight=np.zeros((4 * H, I)),
+        bias=bias,
+        init_state=np.zeros((N, H)),
+        init_cell=np.zeros((N, H)),
+    )
+    half = {k: v.astype(bf) for k, v in args.items()}
+    desc = rnncore.LSTMDescriptor(training=True, produce_cell=True)
+    got = rnncore.lstm(**half, descriptor=desc)
+    want = rnncore.lstm(**{k: v.astype(np.float32) for k, v in half.items()}, descriptor=desc)
+    sub = np.abs(want.z_state) < 2.0**-126
+    assert (sub & (want.z_state != 0)).mean() > 0.5 and (want.state != 0).any()
+    for name in ("z_state", "state", "cell"):
+        a, b = getattr(got, name), getattr(want, name).astype(bf)
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=name)
+
+
 def test_bfloat16_torch_tensors_and_strided_views():
     """bfloat16 from torch (DLPack) and a strided numpy view: the same result as the C-order
     numpy array; the result is an ml_dtypes.bfloat16 numpy array."""
