@@ -293,6 +293,42 @@ def test_narrow_storage_modules(kind, dtype):
         assert rel_err(a.double(), b) < tol, name
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_autocast_runs_the_layers_in_its_type(kind, dtype):
+    """Under torch.autocast("cpu") to a 16-bit type the modules run in its storage (as
+    torch.nn.LSTM and RNN do on the CPU; its GRU keeps float32): a float32 model, and the
+    16-bit output of a Linear before it, give outputs and states of that type, and the
+    float32 parameters get float32 gradients, those of the float64 reference on the
+    parameters cast to the type (the casts are in the graph). Outside autocast: float32."""
+    torch.manual_seed(11)
+    theirs_cls, ours_cls = PAIRS[kind]
+    ours = ours_cls(4, 5, 2, bidirectional=True)
+    linear = torch.nn.Linear(4, 4)
+    theirs = theirs_cls(4, 5, 2, bidirectional=True, dtype=torch.float64)
+    theirs.load_state_dict({k: v.to(dtype).double() for k, v in ours.state_dict().items()})
+    x = torch.randn(6, 3, 4)
+    with torch.autocast("cpu", dtype=dtype):
+        z = linear(x)
+        out_o, st_o = ours(z)
+    assert z.dtype == dtype and out_o.dtype == dtype
+    for s in st_o if kind == "lstm" else (st_o,):
+        assert s.dtype == dtype
+    z64 = z.detach().double().requires_grad_(True)
+    out_t, st_t = theirs(z64)
+    weight = torch.randn(out_t.shape, dtype=torch.float64)
+    states_o = tuple(s.double() for s in st_o) if kind == "lstm" else st_o.double()
+    g_o = torch.autograd.grad(loss_of(out_o.double(), states_o, weight), list(ours.parameters()))
+    g_t = torch.autograd.grad(loss_of(out_t, st_t, weight), list(theirs.parameters()))
+    tol = NARROW_TOL[dtype]
+    assert rel_err(out_o.detach().double(), out_t.detach()) < tol
+    names = [n for n, _ in theirs.named_parameters()]
+    for name, a, b in zip(names, g_o, g_t):
+        assert a.dtype == torch.float32, name
+        assert rel_err(a.double(), b) < tol, name
+    assert ours(x)[0].dtype == torch.float32
+
+
 def test_a_training_loop_faults_in_no_fresh_pages():
     """Steps of a T=1 training loop reuse the memory of the last ones: the gradients of a
     GRU(256)'s weights (768 KiB each) once came from fresh pages, 7-25 page faults a step

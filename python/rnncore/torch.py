@@ -54,6 +54,14 @@ def _numpy(t):
     return t.numpy()
 
 
+def _autocast_dtype():
+    """The CPU autocast's dtype where it is on and 16-bit, else None."""
+    if not torch.is_autocast_enabled("cpu"):
+        return None
+    dtype = torch.get_autocast_dtype("cpu")
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
+
+
 def _tensor(a):
     if a is None:
         return None
@@ -249,6 +257,15 @@ class _Module:
                 f"(L, {self.input_size}) but has {tuple(input.shape)}"
             )
         params = self._flat_weights
+        cast = _autocast_dtype()
+        if cast is not None:
+            # Under the CPU's autocast to a 16-bit type the layers run in its storage, as
+            # torch.nn.LSTM and RNN do on the CPU (its GRU stays float32): the casts are in
+            # the graph, so the parameters' gradients come back in their own dtype.
+            input = input.to(cast)  # noqa: A001
+            params = [p.to(cast) for p in params]
+            if hx is not None:
+                hx = tuple(h.to(cast) for h in hx) if isinstance(hx, tuple) else hx.to(cast)
         dtype = params[0].dtype
         if input.dtype != dtype or dtype not in _DTYPES:
             raise TypeError(
