@@ -260,12 +260,15 @@ class _Module:
         cast = _autocast_dtype()
         if cast is not None:
             # Under the CPU's autocast to a 16-bit type the layers run in its storage, as
-            # torch.nn.LSTM and RNN do on the CPU (its GRU stays float32): the casts are in
-            # the graph, so the parameters' gradients come back in their own dtype.
-            input = input.to(cast)  # noqa: A001
-            params = [p.to(cast) for p in params]
-            if hx is not None:
-                hx = tuple(h.to(cast) for h in hx) if isinstance(hx, tuple) else hx.to(cast)
+            # torch.nn.LSTM and RNN do on the CPU (its GRU stays float32); float32 tensors
+            # only, as autocast casts. The casts are in the graph, so the parameters'
+            # gradients come back in their own dtype.
+            def to(t):
+                return t.to(cast) if t is not None and t.dtype == torch.float32 else t
+
+            input = to(input)  # noqa: A001
+            params = [to(p) for p in params]
+            hx = tuple(to(h) for h in hx) if isinstance(hx, tuple) else to(hx)
         dtype = params[0].dtype
         if input.dtype != dtype or dtype not in _DTYPES:
             raise TypeError(
