@@ -154,6 +154,45 @@ def test_narrow_storage_layers(name, dtype):
         assert rel_err(np.array(g.astype(mx.float32)), np.array(expected[key])) < tol, key
 
 
+# Measured: float16 gradients up to 4.8e-4, bfloat16 1.9e-3 (a unit in the last place).
+MIXED_TOL = {"float16": 1.5e-3, "bfloat16": 6e-3}
+
+
+@pytest.mark.parametrize(
+    "x_dtype, weights", [("float16", "float32"), ("bfloat16", "float32"), ("bfloat16", "float16")]
+)
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_mixed_types_promote_as_mlx_nn(kind, x_dtype, weights):
+    """A 16-bit x and state into float32 weights, and bfloat16 ones into float16 weights:
+    the types promote as mlx.nn's arithmetic does (to float32), outputs and every gradient as
+    mlx.nn's, each gradient in its own array's type (16-bit ones: float32's rounded, so
+    within a unit or so of the last place)."""
+    dt, wt = getattr(mx, x_dtype), getattr(mx, weights)
+    mx.random.seed(5)
+    theirs, ours = pair(kind)
+    theirs.set_dtype(wt)
+    ours.set_dtype(wt)
+    ours.update(theirs.parameters())
+    x = mx.random.normal((2, 6, 3)).astype(dt)
+    h = mx.random.normal((2, 5)).astype(dt)
+    weight = mx.random.normal((2, 6, 5))
+    want_out, out = theirs(x, h), ours(x, h)
+    for a, b in zip(out, want_out) if kind == "lstm" else [(out, want_out)]:
+        assert a.dtype == b.dtype == mx.float32
+        assert rel_err(np.array(a), np.array(b)) < TOL
+    ours_loss, theirs_loss = loss_fn(kind, ours, weight), loss_fn(kind, theirs, weight)
+    got = mx.grad(ours_loss, argnums=(0, 1))(x, h)
+    want = mx.grad(theirs_loss, argnums=(0, 1))(x, h)
+    got_p = dict(tree_flatten(mnn.value_and_grad(ours, lambda: ours_loss(x, h))()[1]))
+    want_p = dict(tree_flatten(mnn.value_and_grad(theirs, lambda: theirs_loss(x, h))()[1]))
+    pairs = [("x", got[0], want[0]), ("h", got[1], want[1])]
+    pairs += [(key, got_p[key], g) for key, g in want_p.items()]
+    for key, a, b in pairs:
+        assert a.dtype == b.dtype == (dt if key in ("x", "h") else wt), key
+        tol = MIXED_TOL.get(str(a.dtype).split(".")[-1], TOL)
+        assert rel_err(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))) < tol, key
+
+
 @pytest.mark.parametrize("kind", sorted(PAIRS))
 def test_call_forms_in_turn_and_copies(kind):
     """One layer called in every form in turn (its custom function is kept per form), its

@@ -11,7 +11,8 @@ MLX's optimizers work without a second forward.
     loss_and_grad = mlx.nn.value_and_grad(layer, lambda x: layer(x).sum())
 
 Arrays are float32, or float16 or bfloat16 (storage types: float32 arithmetic; bfloat16
-on Metal from macOS 14, as for the operations) — rnncore's CPU backend computes them; on
+on Metal from macOS 14, as for the operations; mixed ones promote as mlx.nn's arithmetic
+does) — rnncore's CPU backend computes them; on
 an Apple GPU build, pass ``rnncore_device="metal"``. Under ``mx.compile`` the layer
 refuses with a clear error: rnncore runs outside MLX's graph, on evaluated arrays.
 """
@@ -116,6 +117,13 @@ class _Layer:
         present = {"x": x, "hidden": hidden, "cell": cell}
         present.update({n: self.get(n) for n in self._names})
         names = tuple(k for k, v in present.items() if v is not None)
+        # Arrays of different floating types promote as mlx.nn's arithmetic does (bfloat16
+        # x with float32 weights: float32); the casts are in the graph, so each array's
+        # gradient comes back in its own type. Other types are refused (_numpy).
+        types = {present[n].dtype for n in names}
+        if len(types) > 1 and types <= {mx.float32, mx.float16, mx.bfloat16}:
+            common = mx.result_type(*types)
+            present = {n: present[n].astype(common) for n in names}
         device = getattr(self, "rnncore_device", None)
         # The custom function of this layer's call form, made once: building it (descriptors,
         # closures, mx.custom_function) cost about 12 us of a 90 us call at T=1.
