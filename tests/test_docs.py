@@ -15,7 +15,13 @@ import pytest
 import rnncore
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/api.md", "docs/semantics.md", "docs/sanitizers.md")
+DOCS = (
+    "README.md",
+    "docs/api.md",
+    "docs/semantics.md",
+    "docs/sanitizers.md",
+    "docs/performance.md",
+)
 # Languages a fenced block may have: run, compiled, checked, or program output / equations.
 LANGUAGES = {"python", "cpp", "sh", "cmake", "text"}
 
