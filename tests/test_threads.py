@@ -235,3 +235,95 @@ def test_idle_helpers_sleep():
     )
     busy = float(out.stdout.strip())
     assert busy < 0.03, f"{busy * 1e3:.1f} ms of CPU time in 300 ms idle"
+
+
+def _cpu_limited_group(tmp_name, quota_us, period_us=100000):
+    """A new control group under this process's own allowing quota/period CPUs: its
+    directory and the file a process writes its pid into to join it; None where this
+    machine does not let the test make one (not root, no cpu controller, a v2 group with
+    processes of its own). cgroup v1's cpu hierarchy, else v2's."""
+    import os
+    from pathlib import Path
+
+    mounts = {}  # "v1" or "v2": mount point
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        rest = fields[fields.index("-") + 1 :]
+        if len(rest) < 3:
+            continue
+        point = fields[4]
+        if rest[0] == "cgroup" and "cpu" in rest[2].split(","):
+            mounts["v1"] = point
+        elif rest[0] == "cgroup2":
+            mounts.setdefault("v2", point)
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        ident, controllers, path = line.split(":", 2)
+        if ident == "0" and not controllers:
+            own["v2"] = path
+        elif "cpu" in controllers.split(","):
+            own["v1"] = path
+    for version in ("v1", "v2"):
+        if version not in mounts or version not in own:
+            continue
+        parent = Path(mounts[version] + own[version])
+        if version == "v2" and "cpu" not in (parent / "cgroup.subtree_control").read_text().split():
+            continue
+        group = parent / f"{tmp_name}_{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            if version == "v1":
+                (group / "cpu.cfs_period_us").write_text(str(period_us))
+                (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+            else:
+                (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+            return group, group / "cgroup.procs"
+        except OSError:
+            group.rmdir()
+    return None
+
+
+THREADS_IN_GROUP = """
+import sys
+open(sys.argv[1], "w").write(str(__import__("os").getpid()))
+import rnncore
+default = rnncore.num_threads()
+rnncore.set_num_threads(8)
+rnncore.set_num_threads(0)
+print(default, rnncore.num_threads())
+"""
+
+
+@pytest.mark.parametrize("quota_cpus", [1.0, 1.5, 0.3])
+def test_default_threads_fit_the_cpu_quota(quota_cpus):
+    """A process whose control group allows fewer CPUs than it may run on (a container's
+    --cpus) uses as many threads as the quota has whole CPUs (at least one) by default, and
+    again after set_num_threads(0); RNNCORE_NUM_THREADS still says otherwise. Made for real
+    in a new group where this machine allows it."""
+    import os
+    import subprocess
+    import sys
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if cpus < 2:
+        pytest.skip("one usable CPU: no quota can lower the default")
+    made = _cpu_limited_group("rnncore_quota", int(quota_cpus * 100000))
+    if made is None:
+        pytest.skip("this machine does not let the test make a control group with a CPU quota")
+    group, procs = made
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "RNNCORE_NUM_THREADS"}
+        run = [sys.executable, "-c", THREADS_IN_GROUP, str(procs)]
+        out = subprocess.run(run, capture_output=True, text=True, check=True, env=env)
+        expected = max(1, int(quota_cpus))
+        assert out.stdout.split() == [str(expected)] * 2, out.stdout
+        env["RNNCORE_NUM_THREADS"] = "2"
+        out = subprocess.run(run, capture_output=True, text=True, check=True, env=env)
+        assert out.stdout.split()[0] == "2", out.stdout
+    finally:
+        group.rmdir()

@@ -768,7 +768,8 @@ NB_MODULE(_core, m) {
       },
       nb::sig("def set_num_threads(n: int) -> None"),
       "Threads a call may use on the CPU; 0 restores the default (RNNCORE_NUM_THREADS, "
-      "else every usable core).");
+      "else every usable core: the CPU affinity, no more than the CPU quota of the "
+      "process's cgroups).");
   m.def("num_threads", &num_threads, "Threads a call may use on the CPU.");
   m.def("set_metal_counting", &set_metal_counting, "on"_a,
         "Counting of the Metal kernels' memory traffic and FLOPs on device 'metal-emulated' "

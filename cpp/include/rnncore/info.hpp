@@ -19,7 +19,7 @@ const char* version();
 BuildInfo build_info();
 
 // Threads a call may use; 0 restores the default (RNNCORE_NUM_THREADS, else every usable
-// core).
+// core: those of the CPU affinity, no more than the whole CPUs of the cgroups' quota).
 void set_num_threads(int n);
 int num_threads();
 

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "cpu/cpu_limit.hpp"
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sched.h>
@@ -84,13 +86,20 @@ constexpr uint32_t kOpen = 1u << 31;
 constexpr uint32_t kInside = 0xffffu;
 constexpr int kJoinedShift = 16;
 
+// The CPUs the process may run on, and no more than the whole CPUs of time its control
+// groups allow (a container's --cpus; as Rust's available_parallelism): past that quota
+// the kernel stops every thread of the group until the next period (100 ms by default),
+// and a step that waits for a stopped thread waits that long.
 int usable_cores() {
+  int n = 0;
 #if defined(__linux__)
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
 #endif
-  const unsigned n = std::thread::hardware_concurrency();
-  return n ? static_cast<int>(n) : 1;
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  n = std::max(n, 1);
+  const double limit = cgroup_cpu_limit();
+  return limit > 0 ? std::clamp(static_cast<int>(limit), 1, n) : n;
 }
 
 // Whether this thread is running a job's work (nested calls then run inline).
