@@ -5,6 +5,7 @@ mapping it gives every peer (rnncore.convert) reproduces rnncore's forward and g
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -66,6 +67,61 @@ def test_bench_cpu(tmp_path):
     # float16 storage on the CPU: timed and checked like the others.
     f16 = [r for r in results["results"] if r["config"].endswith("-f16") and r["impl"] == "rnncore"]
     assert f16 and all(r["status"] == "ok" for r in f16)
+    # How much of its CPUs the machine got, all busy, before and after the run.
+    if hasattr(os, "sched_setaffinity"):
+        for when in ("before", "after"):
+            avail = results[f"cpu_availability_{when}"]
+            assert avail["cpus"] == sorted(os.sched_getaffinity(0))
+            assert all(0 < r <= 1 for r in avail["ran"] + avail["speed"]), avail
+            assert max(avail["speed"]) == 1
+        assert stdout.count("CPUs all busy: each ran") == 2, stdout
+
+
+def test_the_cpu_probe_sees_a_stopped_cpu():
+    """A probe whose CPU is taken from it part of the time (here by another busy process
+    pinned to the same CPU, which the scheduler gives about half of it, in slices of
+    milliseconds as a host stops a VM's CPU) reports the share it ran, and the line warns."""
+    import subprocess
+    import sys
+
+    from rnncore.bench import cpu_availability
+    from rnncore.bench.report import availability_line
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity here")
+    cpu = min(os.sched_getaffinity(0))
+    alone = cpu_availability(0.5)
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); "
+            "t = time.time() + 5\nwhile time.time() < t: pass",
+        ]
+    )
+    try:
+        avail = cpu_availability(0.5)
+    finally:
+        hog.kill()
+        hog.wait()
+    ran = dict(zip(avail["cpus"], avail["ran"]))
+    # The two share the CPU about equally (on a host that already stops it part of the
+    # time, half of what it gets).
+    assert ran[cpu] < 0.75 * alone["ran"][alone["cpus"].index(cpu)], (alone, avail)
+    assert "taken part of the time" in availability_line(avail)
+
+
+def test_the_availability_line():
+    from rnncore.bench.report import availability_line
+
+    quiet = availability_line({"cpus": [0, 1], "ran": [0.99, 0.98], "speed": [1.0, 0.97]})
+    assert (
+        quiet
+        == "CPUs all busy: each ran 0.99, 0.98 of the time, at speeds 1.00, 0.97 of the fastest"
+    )
+    uneven = availability_line({"cpus": [0, 1], "ran": [0.99, 0.98], "speed": [1.0, 0.6]})
+    assert "different speeds" in uneven and "taken part" not in uneven
+    assert availability_line(None) is None
 
 
 @pytest.mark.skipif("metal-emulated" not in rnncore.devices(), reason="no host emulator")

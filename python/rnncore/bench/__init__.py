@@ -21,8 +21,11 @@ torch.set_num_threads(n) and ONNX Runtime's intra-op threads = n.
 The loaded-machine guard: every measurement records the CPU time this process used per
 wall second and the cores other processes kept busy meanwhile (Linux /proc/stat); one
 disturbed by them is repeated (full runs: after waiting for them to calm down), and what
-stays disturbed is marked ``*`` and counted in a warning. ``--loaded`` instead times
-rnncore at its default thread count and at 1 thread beside a competing busy loop.
+stays disturbed is marked ``*`` and counted in a warning. Before and after a run, a busy
+loop pinned to each usable CPU measures the share of the time each ran and its speed
+(cpu_availability): what other processes, a quota or a VM's host take, and uneven cores.
+``--loaded`` instead times rnncore at its default thread count and at 1 thread beside a
+competing busy loop.
 
 A run prints its tables; it writes files only where asked (``--out DIR``: results.json,
 results.md and, with matplotlib, chart.png; ``--json FILE``) and never replaces an
@@ -221,6 +224,59 @@ def busy_cpu_seconds():
 
 def usable_cpus():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+# One busy Python loop per CPU (cpu_availability): pinned, started together, it counts the
+# wall time lost in gaps over 0.1 ms (descheduled) and its iterations while it ran.
+CPU_PROBE = """
+import os, sys, time
+cpu, start, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+os.sched_setaffinity(0, {cpu})
+while time.time() < start:
+    pass
+clock = time.perf_counter
+t0 = prev = clock()
+end, lost, loops = t0 + seconds, 0.0, 0
+while prev < end:
+    now = clock()
+    if now - prev > 1e-4:
+        lost += now - prev
+    prev = now
+    loops += 1
+print(1 - lost / (prev - t0), loops / max(prev - t0 - lost, 1e-9))
+"""
+
+
+def cpu_availability(seconds=0.5):
+    """How much of each usable CPU this machine gets when all of them are busy at once: a
+    pinned busy loop on each, for `seconds`, measures the share of wall time it ran (other
+    processes on it, a cgroup quota, or a host that overcommits a VM's cores stop it for
+    milliseconds at a time; the last is not in /proc/stat where the host reports no steal
+    time) and its speed while running, relative to the fastest CPU's (a core shared with
+    another guest's thread runs slower). {"cpus": [...], "ran": [...], "speed": [...]}, or
+    None off Linux or when a probe fails."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))[:64]
+    start = time.time() + 0.3 + 0.02 * len(cpus)  # after every probe has started
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CPU_PROBE, str(c), repr(start), repr(seconds)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for c in cpus
+        ]
+        outs = [p.communicate(timeout=30 + seconds)[0].split() for p in procs]
+        ran, rate = [float(o[0]) for o in outs], [float(o[1]) for o in outs]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return {
+        "cpus": cpus,
+        "ran": [round(r, 3) for r in ran],
+        "speed": [round(r / max(rate), 3) for r in rate],
+    }
 
 
 def allowed_other_cpu(threads):
@@ -869,6 +925,9 @@ def run(args):
     if not args.worker_section:
         print(header(device, machine, timing_name), flush=True)
     busy_before = guard(args.threads)
+    availability = cpu_availability() if not args.worker_section else None
+    if availability:
+        print(report.availability_line(availability), flush=True)
     results = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -876,6 +935,7 @@ def run(args):
         "device": device,
         "machine": machine,
         "others_busy_before": busy_before,
+        "cpu_availability_before": availability,
         "versions": versions(),
         "build_info": rc.build_info(),
         "repository": repository(getattr(args, "checkout", None)),
@@ -939,6 +999,9 @@ def run(args):
     ]
     failures += [w for w in workers if w.get("failed")]
     results["passed"] = not failures
+    results["cpu_availability_after"] = after = cpu_availability()
+    if after:
+        print("after the run: " + report.availability_line(after))
     results["seconds"] = round(time.perf_counter() - started, 1)
     print(report.summary(results))
     write_outputs(args, results, "results")

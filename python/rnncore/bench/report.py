@@ -173,6 +173,23 @@ def gemm_line(p):
     return "; ".join(parts) + "."
 
 
+def availability_line(avail):
+    """The probe's result in words, with a warning when the CPUs ran short or unevenly."""
+    if not avail:
+        return None
+    ran = ", ".join(f"{r:.2f}" for r in avail["ran"])
+    speed = ", ".join(f"{r:.2f}" for r in avail["speed"])
+    line = f"CPUs all busy: each ran {ran} of the time, at speeds {speed} of the fastest"
+    notes = []
+    if min(avail["ran"]) < 0.9:
+        notes.append("the CPUs are taken part of the time (other processes, a quota, a VM's host)")
+    if min(avail["speed"]) < 0.8:
+        notes.append("they run at different speeds (a core shared with another guest, or kinds)")
+    if notes:
+        line += f" (warning: {'; '.join(notes)}; times and ratios are not a quiet machine's)"
+    return line
+
+
 def markdown(results):
     names = impls_present(results)
     peaks = gemm_peaks(results)
@@ -200,6 +217,10 @@ def markdown(results):
         + ".",
         "",
     ]
+    for when in ("before", "after"):
+        line = availability_line(results.get(f"cpu_availability_{when}"))
+        if line:
+            lines += [f"{when.capitalize()} the run, a busy loop pinned to each CPU: {line}.", ""]
     if peaks:
         lines += ["GEMM 2048² peak (the best of numpy's OpenBLAS, torch and ONNX Runtime's MLAS):"]
         lines += [f"- {t} thread(s): {gemm_line(p)}" for t, p in peaks.items()]
