@@ -6,6 +6,7 @@
 
 namespace rnncore::cpu {
 
+#if defined(__linux__)
 namespace {
 
 std::string read_file(const std::string& path) {
@@ -80,6 +81,7 @@ double quota_of(const std::string& dir, bool v2) {
 }
 
 }  // namespace
+#endif
 
 double cgroup_cpu_limit(const std::string& root) {
 #if defined(__linux__)
