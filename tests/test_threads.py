@@ -295,7 +295,7 @@ import rnncore
 default = rnncore.num_threads()
 rnncore.set_num_threads(8)
 rnncore.set_num_threads(0)
-print(default, rnncore.num_threads())
+print(default, rnncore.num_threads(), rnncore.build_info()["cpu_quota"])
 """
 
 
@@ -303,8 +303,8 @@ print(default, rnncore.num_threads())
 def test_default_threads_fit_the_cpu_quota(quota_cpus):
     """A process whose control group allows fewer CPUs than it may run on (a container's
     --cpus) uses as many threads as the quota has whole CPUs (at least one) by default, and
-    again after set_num_threads(0); RNNCORE_NUM_THREADS still says otherwise. Made for real
-    in a new group where this machine allows it."""
+    again after set_num_threads(0); build_info() reports the quota; RNNCORE_NUM_THREADS
+    still says otherwise. Made for real in a new group where this machine allows it."""
     import os
     import subprocess
     import sys
@@ -321,7 +321,9 @@ def test_default_threads_fit_the_cpu_quota(quota_cpus):
         run = [sys.executable, "-c", THREADS_IN_GROUP, str(procs)]
         out = subprocess.run(run, capture_output=True, text=True, check=True, env=env)
         expected = max(1, int(quota_cpus))
-        assert out.stdout.split() == [str(expected)] * 2, out.stdout
+        default, restored, quota = out.stdout.split()
+        assert [default, restored] == [str(expected)] * 2, out.stdout
+        assert float(quota) == pytest.approx(quota_cpus), out.stdout
         env["RNNCORE_NUM_THREADS"] = "2"
         out = subprocess.run(run, capture_output=True, text=True, check=True, env=env)
         assert out.stdout.split()[0] == "2", out.stdout

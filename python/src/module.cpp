@@ -750,6 +750,7 @@ NB_MODULE(_core, m) {
     d["devices"] = b.devices;
     d["threads"] = b.threads;
     d["kernels"] = b.kernels;
+    d["cpu_quota"] = b.cpu_quota;
     return d;
   });
   m.def(

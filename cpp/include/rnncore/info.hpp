@@ -12,6 +12,9 @@ struct BuildInfo {
   std::string compiler;
   int threads = 1;      // threads a call may use (RNNCORE_NUM_THREADS, set_num_threads)
   std::string kernels;  // the CPU kernel variant: avx512, avx2 or generic
+  // CPUs' worth of time the process's cgroups allow (Linux), which bounds the default
+  // thread count; 0 when no quota is set.
+  double cpu_quota = 0;
   std::vector<std::string> devices;
 };
 

@@ -1,6 +1,7 @@
 #include "rnncore/info.hpp"
 
 #include "cpu/blas.hpp"
+#include "cpu/cpu_limit.hpp"
 #include "cpu/fused.hpp"
 #include "cpu/thread_pool.hpp"
 #include "rnncore/device.hpp"
@@ -23,6 +24,7 @@ BuildInfo build_info() {
   b.devices = available_devices();
   b.threads = num_threads();
   b.kernels = cpu::fused_kernels().isa;
+  b.cpu_quota = cpu::cgroup_cpu_limit();
   return b;
 }
 
