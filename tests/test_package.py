@@ -2,10 +2,12 @@
 docs/api.md (and only those in dir(rnncore)), and runnable examples."""
 
 import ast
+import inspect
 import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import rnncore
@@ -37,6 +39,24 @@ def test_results_are_the_ops_types():
     for k in KINDS.values():
         assert getattr(rnncore, k.result.__name__) is k.result
         assert getattr(rnncore, k.gradient_result.__name__) is k.gradient_result
+
+
+@pytest.mark.parametrize(
+    "op", [f for k in KINDS.values() for f in (k.forward, k.gradients)], ids=str
+)
+def test_wrappers_pass_each_array_to_its_own_parameter(op):
+    """The wrappers pass _core its arrays by position: each must reach the parameter of its
+    name. A non-array in one of them (the others all arrays) is refused by that name."""
+    kind = next(k for k in KINDS.values() if op in (k.forward, k.gradients))
+    fn = getattr(rnncore, op)
+    params = inspect.signature(fn).parameters
+    arrays = [p for p in params if p not in ("sequence_lengths", "descriptor", "device")]
+    assert len(arrays) >= 6
+    for name in arrays:
+        args = {p: np.zeros(1, np.float32) for p in arrays}
+        args[name] = "not an array"
+        with pytest.raises(TypeError, match=rf"^\[{op}\] {name} must be an array"):
+            fn(**args, descriptor=getattr(rnncore, kind.descriptor)())
 
 
 def test_stubs_are_shipped_and_describe_the_module():

@@ -60,17 +60,11 @@ def __dir__():
     return list(__all__)
 
 
-def _call(name: str, result: type, args: dict):
-    """Run ``_core.<name>`` with a wrapper's arguments (its ``locals()``, all by keyword)
-    and wrap the tuple it returns in the named result type."""
-    for arg, value in args.items():
-        # A tensor in an autograd graph would leave it silently: rnncore.torch keeps it.
-        if getattr(value, "requires_grad", False) is True:
-            raise TypeError(
-                f"[{name}] {arg} requires grad: rnncore.{name} is not part of torch's "
-                "autograd; use the rnncore.torch modules, or pass tensor.detach()"
-            )
-    return result(*getattr(_core, name)(**args))
+# The wrappers pass _core its arrays by position (in _core's order, which
+# tests/test_package.py checks) and make the result type's instance from the tuple it
+# returns by tuple.__new__: locals() passed as keywords and a NamedTuple's Python-level
+# __new__ took a microsecond a call, where a decoder's step takes 10-30.
+_result = tuple.__new__
 
 
 def single_gate_rnn(
@@ -92,7 +86,20 @@ def single_gate_rnn(
     init_state [N, D*H], mask broadcastable to [N, D*H]. Returns state [T, N, D*H] and,
     when ``descriptor.training``, z_state (the pre-activations).
     """
-    return _call("single_gate_rnn", RNNResult, locals())
+    return _result(
+        RNNResult,
+        _core.single_gate_rnn(
+            source,
+            recurrent_weight,
+            input_weight,
+            bias,
+            init_state,
+            mask,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )
 
 
 def lstm(
@@ -116,7 +123,22 @@ def lstm(
     broadcastable to [N, D*H], peephole [4H] (or [2, 4H]). Returns state, cell (with
     produce_cell or training) and z_state (with training, [T, N, D*4H]).
     """
-    return _call("lstm", LSTMResult, locals())
+    return _result(
+        LSTMResult,
+        _core.lstm(
+            source,
+            recurrent_weight,
+            input_weight,
+            bias,
+            init_state,
+            init_cell,
+            mask,
+            peephole,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )
 
 
 def gru(
@@ -139,7 +161,21 @@ def gru(
     [N, D*H], secondary_bias [D*H] (used with reset_after). Returns state and, with
     training, z_state ([T, N, D*3H], or [T, N, D*4H] with reset_after).
     """
-    return _call("gru", GRUResult, locals())
+    return _result(
+        GRUResult,
+        _core.gru(
+            source,
+            recurrent_weight,
+            input_weight,
+            bias,
+            init_state,
+            mask,
+            secondary_bias,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )
 
 
 def single_gate_rnn_gradients(
@@ -165,7 +201,23 @@ def single_gate_rnn_gradients(
     is an extra gradient into each direction's final state. Returns the gradient of every
     input that was given (None for the others), each in that input's shape.
     """
-    return _call("single_gate_rnn_gradients", RNNGradients, locals())
+    return _result(
+        RNNGradients,
+        _core.single_gate_rnn_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            state_gradient=state_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            mask=mask,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )
 
 
 def lstm_gradients(
@@ -193,7 +245,27 @@ def lstm_gradients(
     [N, D*H] or dL/d(c[t]) for every step [T, N, D*H]. See
     :func:`single_gate_rnn_gradients` for the other arguments.
     """
-    return _call("lstm_gradients", LSTMGradients, locals())
+    return _result(
+        LSTMGradients,
+        _core.lstm_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            cell_output_fwd,
+            state_gradient=state_gradient,
+            cell_gradient=cell_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            init_cell=init_cell,
+            mask=mask,
+            peephole=peephole,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )
 
 
 def gru_gradients(
@@ -218,4 +290,22 @@ def gru_gradients(
     output_fwd is the forward state output. See :func:`single_gate_rnn_gradients` for the
     other arguments; secondary_bias gets zeros when ``reset_after`` is false.
     """
-    return _call("gru_gradients", GRUGradients, locals())
+    return _result(
+        GRUGradients,
+        _core.gru_gradients(
+            source,
+            recurrent_weight,
+            source_gradient,
+            z_state,
+            output_fwd,
+            state_gradient=state_gradient,
+            input_weight=input_weight,
+            bias=bias,
+            init_state=init_state,
+            mask=mask,
+            secondary_bias=secondary_bias,
+            sequence_lengths=sequence_lengths,
+            descriptor=descriptor,
+            device=device,
+        ),
+    )

@@ -74,12 +74,22 @@ std::optional<TensorView> view(const char* op, const char* name, const OptArray&
   return view(op, name, *a);
 }
 
+// A Python string made once and kept for the process: attribute names and dictionary keys
+// that a call looks up (h.attr("x") builds its string anew each time).
+#define RNNCORE_INTERNED(text)                                                          \
+  ([]() -> nb::handle {                                                                 \
+    static const nb::handle s = nb::str(text).release(); /* immortal for the process */ \
+    return s;                                                                           \
+  }())
+
 // numpy's dtype of ml_dtypes.bfloat16, looked up once (kept for the process). Until
 // ml_dtypes is loaded no array can have it: without `load`, None until then.
 nb::handle bfloat16_dtype(bool load) {
   static nb::handle dtype;
   if (!dtype.is_valid()) {
-    if (!load && !PyDict_GetItemString(PyImport_GetModuleDict(), "ml_dtypes")) return nb::none();
+    if (!load &&
+        !PyDict_GetItemWithError(PyImport_GetModuleDict(), RNNCORE_INTERNED("ml_dtypes").ptr()))
+      return nb::none();
     dtype = nb::module_::import_("numpy")
                 .attr("dtype")(nb::module_::import_("ml_dtypes").attr("bfloat16"))
                 .release();
@@ -100,7 +110,7 @@ nb::object to_numpy(const Tensor& t) {
   nb::ndarray<nb::numpy> arr(const_cast<void*>(t.data()), shape.size(), shape.data(), owner,
                              nullptr, dt);
   nb::object out = nb::cast(arr, nb::rv_policy::reference);
-  if (bf16) out = out.attr("view")(bfloat16_dtype(true));
+  if (bf16) out = out.attr(RNNCORE_INTERNED("view"))(bfloat16_dtype(true));
   return out;
 }
 
@@ -150,37 +160,50 @@ bool is_descriptor(nb::handle h) {
 // Whether h is a numpy.ndarray (or a subclass).
 bool is_numpy_array(nb::handle h) {
   static nb::handle ndarray = nb::object(nb::module_::import_("numpy").attr("ndarray")).release();
-  return PyObject_IsInstance(h.ptr(), ndarray.ptr()) == 1;
+  return Py_TYPE(h.ptr()) == reinterpret_cast<PyTypeObject*>(ndarray.ptr()) ||
+         PyObject_IsInstance(h.ptr(), ndarray.ptr()) == 1;
 }
 
 // Reads argument `name` of `op`: an array, or nothing for None. A required argument that
-// is None gets `hint` after the message.
+// is None gets `hint` after the message. The messages' strings are made only for them: a
+// call's arguments are read in a few microseconds, and a string each was a tenth of that.
 OptArray array_arg(const char* op, const char* name, nb::handle h, bool required,
                    const char* hint = nullptr) {
-  const std::string where = std::string("[") + op + "] " + name;
+  auto where = [&] { return std::string("[") + op + "] " + name; };
   if (h.is_none()) {
     if (!required) return std::nullopt;
-    throw TypeError(where + " is required" + (hint ? std::string(": ") + hint : std::string()));
+    throw TypeError(where() + " is required" + (hint ? std::string(": ") + hint : std::string()));
   }
   // A numpy array of ml_dtypes.bfloat16 exports neither a buffer nor DLPack: read its bits
   // (as uint16) in place and tag them bfloat16; the view keeps the array alive. Checked
   // first, by the dtype object: the caster's failed exports cost microseconds an array.
-  if (nb::handle bf = bfloat16_dtype(false);
-      !bf.is_none() && is_numpy_array(h) && h.attr("dtype").equal(bf)) {
-    // C order first (a strided view is copied, as the caster copies other arrays).
-    nb::object bits = h.attr("view")("uint16");
-    if (!truth(bits.attr("flags").attr("c_contiguous")))
-      bits = nb::module_::import_("numpy").attr("ascontiguousarray")(bits);
-    nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu, uint16_t> u;
-    if (nb::try_cast(bits, u, false)) {
-      std::vector<size_t> shape(u.ndim());
-      for (size_t i = 0; i < u.ndim(); ++i) shape[i] = u.shape(i);
-      return Array(u.data(), u.ndim(), shape.data(), bits, nullptr, kBFloat16);
+  if (nb::handle bf = bfloat16_dtype(false); !bf.is_none() && is_numpy_array(h)) {
+    const nb::object dtype = nb::steal(PyObject_GetAttr(h.ptr(), RNNCORE_INTERNED("dtype").ptr()));
+    if (!dtype.is_valid()) throw nb::python_error();
+    if (dtype.is(bf) || dtype.equal(bf)) {
+      // C order first (a strided view is copied, as the caster copies other arrays).
+      static const nb::handle uint16 =
+          nb::module_::import_("numpy").attr("dtype")("uint16").release();
+      nb::object bits = h.attr(RNNCORE_INTERNED("view"))(uint16);
+      if (!truth(bits.attr(RNNCORE_INTERNED("flags")).attr(RNNCORE_INTERNED("c_contiguous"))))
+        bits = nb::module_::import_("numpy").attr("ascontiguousarray")(bits);
+      nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu, uint16_t> u;
+      if (nb::try_cast(bits, u, false)) {
+        std::vector<size_t> shape(u.ndim());
+        for (size_t i = 0; i < u.ndim(); ++i) shape[i] = u.shape(i);
+        return Array(u.data(), u.ndim(), shape.data(), bits, nullptr, kBFloat16);
+      }
     }
   }
+  // A tensor in an autograd graph would leave it silently (nanobind reads one through
+  // torch.utils.dlpack): rnncore.torch keeps it. Not numpy's arrays, the usual arguments.
+  if (!is_numpy_array(h) && nb::hasattr(h, "requires_grad") && truth(h.attr("requires_grad")))
+    throw TypeError(where() + " requires grad: rnncore." + op +
+                    " is not part of torch's autograd; use the rnncore.torch modules, or pass "
+                    "tensor.detach()");
   Array a;
   if (nb::try_cast<Array>(h, a, true)) return a;
-  refuse_array(where, h);
+  refuse_array(where(), h);
 }
 
 // sequence_lengths: any one-dimensional array of integers (numpy, a list, a CPU tensor), as
@@ -523,11 +546,12 @@ constexpr auto py_args() {
 // in the inputs struct's order, which is the order of the dtype checks.
 class CallArrays {
  public:
+  static constexpr size_t kMax = 16;  // more than any operation's arrays (def_op checks)
   CallArrays(const char* op, const PyArg* specs, const nb::handle* handles, size_t n)
       : op_(op), specs_(specs), n_(n) {
     for (size_t i = 0; i < n; ++i)
-      arrays_.push_back(
-          array_arg(op, specs[i].name, handles[i], specs[i].role == Role::Required, specs[i].hint));
+      arrays_[i] =
+          array_arg(op, specs[i].name, handles[i], specs[i].role == Role::Required, specs[i].hint);
   }
   // Sets the members of `in` that `args` (Arg<In>s) name.
   template <class In, class Args>
@@ -541,6 +565,8 @@ class CallArrays {
 
  private:
   const OptArray& find(const char* name) const {
+    for (size_t i = 0; i < n_; ++i)  // py_args copies the names' pointers: found by them
+      if (specs_[i].name == name) return arrays_[i];
     for (size_t i = 0; i < n_; ++i)
       if (std::string_view(specs_[i].name) == name) return arrays_[i];
     throw std::logic_error(std::string("no argument ") + name);
@@ -548,7 +574,7 @@ class CallArrays {
   const char* op_;
   const PyArg* specs_;
   size_t n_;
-  std::vector<OptArray> arrays_;
+  std::array<OptArray, kMax> arrays_;
 };
 
 template <class Op, class In>
@@ -590,6 +616,7 @@ using Handle = nb::handle;
 template <class Op, size_t... I>
 void def_op(nb::module_& m, std::index_sequence<I...>) {
   static constexpr auto args = py_args<Op>();
+  static_assert(args.size() <= CallArrays::kMax);
   auto kw = [] {
     if constexpr (IsGradient<Op>::value)  // the gradient's own optional arrays start them
       return std::make_tuple();
