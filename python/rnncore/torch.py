@@ -48,7 +48,8 @@ def _numpy(t):
     # copy would wake OpenMP threads that then spin beside rnncore's pool.
     if t is None:
         return None
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:  # numpy's is ml_dtypes': the same bits, viewed
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
@@ -143,6 +144,13 @@ class _Layer(torch.autograd.Function):
         return (None, None, _tensor(g.source), dh0, dc0, *[_tensor(a) for a in grads])
 
 
+def _nonlinearity(module):
+    # torch.nn.RNN's attribute, read from the instance: getattr's default on a GRU or LSTM
+    # went through nn.Module.__getattr__'s miss (an AttributeError made and caught, 5 us of
+    # a decoder's step).
+    return vars(module).get("nonlinearity", "tanh")
+
+
 class _Spec:
     """How one layer's torch parameters map onto the operation (the contract's "Mapping
     other frameworks onto the descriptors")."""
@@ -155,9 +163,7 @@ class _Spec:
         self.bias = module.bias
         self.device = module.rnncore_device
         self.activation = (
-            rnncore.Activation.RELU
-            if getattr(module, "nonlinearity", "tanh") == "relu"
-            else rnncore.Activation.TANH
+            rnncore.Activation.RELU if _nonlinearity(module) == "relu" else rnncore.Activation.TANH
         )
         self.per_direction = 4 if module.bias else 2
 
@@ -170,7 +176,7 @@ class _Spec:
             module.bidirectional,
             module.bias,
             module.rnncore_device,
-            getattr(module, "nonlinearity", "tanh"),
+            _nonlinearity(module),
         )
         entry = _CACHE.setdefault(module, {})
         spec = entry.get("spec")
@@ -330,6 +336,8 @@ class _Module:
         inference (stacked by numpy: torch's slicing and stacking cost a T=1 call 5 us)."""
         if isinstance(finals[0], torch.Tensor):
             return torch.stack(finals)
+        if len(finals) == 1:  # one layer, one direction: np.stack took 3 us of a T=1 call
+            return _tensor(finals[0][None].copy())
         return _tensor(np.stack(finals))
 
     @staticmethod
