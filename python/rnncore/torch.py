@@ -145,10 +145,10 @@ class _Layer(torch.autograd.Function):
 
 
 def _nonlinearity(module):
-    # torch.nn.RNN's attribute, read from the instance: getattr's default on a GRU or LSTM
-    # went through nn.Module.__getattr__'s miss (an AttributeError made and caught, 5 us of
-    # a decoder's step).
-    return vars(module).get("nonlinearity", "tanh")
+    # torch.nn.RNN's attribute; GRUs and LSTMs have none, and getattr's default on them went
+    # through nn.Module.__getattr__'s miss (an AttributeError made and caught, 5 us of a
+    # decoder's step).
+    return module.nonlinearity if isinstance(module, torch.nn.RNN) else "tanh"
 
 
 class _Spec:
