@@ -78,9 +78,9 @@ def test_bench_cpu(tmp_path):
 
 
 def test_the_cpu_probe_sees_a_stopped_cpu():
-    """A probe whose CPU is taken from it part of the time (here by another busy process
-    pinned to the same CPU, which the scheduler gives about half of it, in slices of
-    milliseconds as a host stops a VM's CPU) reports the share it ran, and the line warns."""
+    """A probe whose CPU is taken from it part of the time (here by busy processes pinned to
+    the same CPU, which the scheduler gives their share of it, in slices of milliseconds as
+    a host stops a VM's CPU) reports the share it ran, and the line warns."""
     import subprocess
     import sys
 
@@ -94,27 +94,23 @@ def test_the_cpu_probe_sees_a_stopped_cpu():
         f"import os, sys, time; os.sched_setaffinity(0, {{{cpu}}}); print(flush=True); "
         "sys.stdout.close(); t = time.time() + 10\nwhile time.time() < t: pass"
     )
-    # A host that stops a VM's CPUs (as CI's do) changes how much it gives them from one
-    # second to the next, so the loaded CPU is compared with the others in the same probe,
-    # or, alone on one CPU, with a probe just before; a host that stopped the loaded CPU
-    # less at that moment gets another try.
-    for _ in range(3):
-        alone = cpu_availability(0.5)
-        hog = subprocess.Popen([sys.executable, "-c", hog_code], stdout=subprocess.PIPE)
-        try:
+    # Four busy processes pinned to one CPU share it: the probe runs a quarter of the time at
+    # most, less where other work (CI's C++ jobs run beside the tests) or a host that stops
+    # a VM's CPUs takes some of it.
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", hog_code], stdout=subprocess.PIPE) for _ in range(3)
+    ]
+    try:
+        for hog in hogs:
             hog.stdout.readline()  # pinned and about to spin
-            avail = cpu_availability(0.5)
-        finally:
+        avail = cpu_availability(0.5)
+    finally:
+        for hog in hogs:
             hog.kill()
             hog.wait()
             hog.stdout.close()
-        ran = dict(zip(avail["cpus"], avail["ran"]))
-        others = [r for c, r in ran.items() if c != cpu]
-        baseline = max(others) if others else alone["ran"][alone["cpus"].index(cpu)]
-        # The two share the CPU about equally: half of what the host gives it.
-        if ran[cpu] < 0.75 * baseline:
-            break
-    assert ran[cpu] < 0.75 * baseline, (alone, avail)
+    ran = dict(zip(avail["cpus"], avail["ran"]))
+    assert 0 < ran[cpu] < 0.4, avail
     assert "taken part of the time" in availability_line(avail)
 
 
