@@ -28,11 +28,11 @@ struct Forms {
   Form sigmoid, tanh, exp_nonpositive;
   double sigmoid_ulps, tanh_ulps, exp_ulps;  // bounds, a little above the measured worst
 };
-// Measured over the sweep: AVX-512 2.61, 1.51 and 0.87 ulp; AVX2 2.61, 1.49 and 0.87 (the
-// scalar forms: 2.82 and 1.57 over every pattern).
+// Measured over the sweep: AVX-512 2.61, 1.84 and 0.87 ulp (its tanh by e^-2|x| - 1, see
+// vmath.hpp); AVX2 2.61, 1.49 and 0.87 (the scalar forms: 2.82 and 1.57 over every pattern).
 const Forms kForms[] = {
     {"avx512", [] { return bool(__builtin_cpu_supports("avx512f")); }, rnncore_test::avx512_sigmoid,
-     rnncore_test::avx512_tanh, rnncore_test::avx512_exp_nonpositive, 2.75, 1.6, 0.9},
+     rnncore_test::avx512_tanh, rnncore_test::avx512_exp_nonpositive, 2.75, 1.95, 0.9},
     {"avx2", [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); },
      rnncore_test::avx2_sigmoid, rnncore_test::avx2_tanh, rnncore_test::avx2_exp_nonpositive, 2.75,
      1.6, 0.9},
