@@ -341,6 +341,56 @@ def test_lengths_section():
     assert re.search(r"ONNX Runtime, sequence_lens\s+[0-9.]+ ms", stdout)
 
 
+def test_targets_section(tmp_path):
+    """--targets times each speed target as rnncore against the peers it names in alternating
+    rounds, after checking them against the float64 reference: a target's ratio is the median
+    of the rounds' ratios to the fastest of those peers in the same round."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "targets"
+    code, stdout = run_bench(["-m", "rnncore", "bench"], "--targets", "--quick", "--out", out)
+    assert code == 0, stdout
+    for target in (
+        r"LSTM N=32 inference vs fastest peer\s+1\.0",
+        r"GRU N=1 float16 inference vs ONNX Runtime float32\s+0\.5",
+        r"LSTM N=32 bfloat16 training vs PyTorch bfloat16\s+0\.8",
+    ):
+        row = target + r"\s+[0-9.]+ \([0-9.]+-[0-9.]+\) (met|not met)\s+2 rounds"
+        assert re.search(row, stdout), stdout
+    data = json.loads((out / "targets.json").read_text())
+    assert "--targets" in data["command"] and data["run"] == "quick"
+    assert [r["status"] for r in data["targets"]] == ["ok"] * 3
+    for r in data["targets"]:
+        times = r["round_s"]
+        assert set(times) == {"rnncore", *r["peers"]} and all(len(v) == 2 for v in times.values())
+        fastest = np.min([times[p] for p in r["peers"]], axis=0)
+        ratios = np.array(times["rnncore"]) / fastest
+        assert r["ratio"] == pytest.approx(np.median(ratios))
+        assert r["met"] == (r["ratio"] <= r["limit"])
+    assert "```" in (out / "targets.md").read_text()
+    # An existing result is replaced only with --force.
+    code, stdout = run_bench(["-m", "rnncore", "bench"], "--targets", "--quick", "--out", out)
+    assert code == 2 and "not replacing" in stdout
+
+
+def test_targets_pair_each_round_with_its_fastest_peer():
+    from rnncore.bench import targets
+
+    ratios = targets.paired([2.0, 4.0, 3.0], [[1.0, 8.0, 6.0], [4.0, 2.0, 1.5]])
+    np.testing.assert_allclose(ratios, [2.0, 2.0, 2.0])
+    assert targets.label("lstm-T100-N32-H256", "training", ("torch",)) == (
+        "LSTM N=32 training vs fastest peer"
+    )
+    assert targets.label("gru-T100-N1-H256-bf16", "inference", ("torch",)) == (
+        "GRU N=1 bfloat16 inference vs PyTorch bfloat16"
+    )
+
+
+def test_targets_are_a_cpu_section(capsys):
+    parser = bench.add_arguments(argparse.ArgumentParser())
+    assert bench.run(parser.parse_args(["--targets", "--device", "metal-emulated"])) == 2
+    assert "--device cpu" in capsys.readouterr().err
+
+
 def test_a_crashed_worker_keeps_the_configurations_it_finished(tmp_path, monkeypatch, capsys):
     """The worker writes its results after each configuration, so a worker that dies (the
     kernels once raised SIGILL beside PyTorch's) loses only the one it was in: the run
@@ -494,7 +544,7 @@ def test_the_processor_is_told_apart_by_family_model_and_caches(tmp_path):
     assert bench.report.cpu_description({"cpu_model": "AMD EPYC"}) == "AMD EPYC"
 
 
-@pytest.mark.parametrize("section", ["--layers", "--lengths"])
+@pytest.mark.parametrize("section", ["--layers", "--lengths", "--targets"])
 def test_sections_run_without_the_openblas_overrides(section, monkeypatch, capsys):
     """--layers and --lengths time in a process of their own, as the configurations do: the
     OpenBLAS overrides unset and --threads's count in the thread variables (an

@@ -25,7 +25,8 @@ stays disturbed is marked ``*`` and counted in a warning. Before and after a run
 loop pinned to each usable CPU measures the share of the time each ran and its speed
 (cpu_availability): what other processes, a quota or a VM's host take, and uneven cores.
 ``--loaded`` instead times rnncore at its default thread count and at 1 thread beside a
-competing busy loop.
+competing busy loop; ``--targets`` times the CPU speed targets as paired ratios in
+alternating rounds (rnncore.bench.targets).
 
 A run prints its tables; it writes files only where asked (``--out DIR``: results.json,
 results.md and, with matplotlib, chart.png; ``--json FILE``) and never replaces an
@@ -162,7 +163,10 @@ def add_arguments(parser):
         "competing CPU-bound process",
     )
     parser.add_argument(
-        "--rounds", type=int, help="--loaded: alternating rounds (default 7; 3 with --quick)"
+        "--rounds",
+        type=int,
+        help="--loaded: alternating rounds (default 7; 3 with --quick); --targets: rounds "
+        "(default 15; 2 with --quick)",
     )
     parser.add_argument(
         "--layers",
@@ -178,11 +182,19 @@ def add_arguments(parser):
         "with sequence_lengths beside rnncore padded, PyTorch's packed sequences and ONNX "
         "Runtime's sequence_lens",
     )
+    parser.add_argument(
+        "--targets",
+        action="store_true",
+        help="the targets section: each CPU speed target as rnncore against the peers it names "
+        "in alternating short windows, the median of the rounds' paired ratios (targets.json "
+        "and targets.md with --out)",
+    )
     # Internal: one worker process (one thread count, or the loaded run) writing JSON.
     parser.add_argument("--worker-threads", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-loaded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker-section", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-command", help=argparse.SUPPRESS)
     return parser
 
 
@@ -822,15 +834,22 @@ def run_worker_process(args, device, flags, threads=None):
 
 
 def run_section_process(args, device):
-    """--layers or --lengths in a process of its own, as the configurations' workers run:
+    """--layers, --lengths or --targets in a process of its own, as the configurations'
+    workers run:
     the OpenBLAS overrides unset and, with --threads, the thread variables set to its first
     count (an OPENBLAS_CORETYPE=Haswell left in the environment made rnncore's 2-layer LSTM
     training step 1.37x slower on an AMD Zen 5, through OpenBLAS's older kernels)."""
     threads = args.threads[0] if args.threads else None
     cmd = [sys.executable, "-c", "import sys; from rnncore.bench import main; sys.exit(main())"]
-    cmd += ["--layers" if args.layers else "--lengths", "--worker-section", "--device", device]
+    section = "--layers" if args.layers else "--lengths" if args.lengths else "--targets"
+    cmd += [section, "--worker-section", "--device", device]
     if args.quick:
         cmd.append("--quick")
+    if args.targets:
+        cmd += ["--rounds", str(args.rounds)] if args.rounds else []
+        cmd += ["--out", str(args.out)] if args.out is not None else []
+        cmd += ["--force"] if args.force else []
+        cmd += ["--worker-command", " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])]
     if threads is not None:
         print(f"{threads} thread(s), in a process with the thread variables set", flush=True)
     return subprocess.run(cmd, env=worker_env(threads), check=False).returncode
@@ -899,7 +918,7 @@ def run(args):
         return 0
 
     device = args.device or rc.devices()[0]
-    if args.loaded:
+    if args.loaded or (args.targets and args.device is None):
         device = "cpu"
     if device not in rc.devices():
         print(
@@ -909,17 +928,26 @@ def run(args):
         return 2
     outputs = []
     if args.out is not None:
-        names = ("loaded.json", "loaded.md") if args.loaded else ("results.json", "results.md")
+        names = (
+            ("loaded.json", "loaded.md")
+            if args.loaded
+            else ("targets.json", "targets.md")
+            if args.targets
+            else ("results.json", "results.md")
+        )
         outputs += [args.out / n for n in names]
     if args.json is not None:
         outputs.append(args.json)
-    if not all(writable(p, args.force) for p in outputs):
+    if not args.worker_section and not all(writable(p, args.force) for p in outputs):
         return 2
 
     started = time.perf_counter()
     machine = machine_info()
     timing_name = "quick" if args.quick else "full"
-    if (args.layers or args.lengths) and not args.worker_section:
+    if (args.layers or args.lengths or args.targets) and not args.worker_section:
+        if args.targets and device != "cpu":
+            print("--targets times the CPU backend: --device cpu", file=sys.stderr)
+            return 2
         print(header(device, machine, timing_name), flush=True)
         return run_section_process(args, device)
     if not args.worker_section:
@@ -929,7 +957,7 @@ def run(args):
     if availability:
         print(report.availability_line(availability), flush=True)
     results = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": args.worker_command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "run": timing_name,
         "device": device,
@@ -957,6 +985,8 @@ def run(args):
         rows, size = lengths.run_lengths(args.quick, measure, TIMING[timing_name], allowed)
         print(lengths.table(rows, size))
         return 1 if any(r[4] is None for r in rows) else 0
+    if args.targets:
+        return run_targets_section(args, results)
 
     configs = configs_of(args, device)
     if args.threads:
@@ -1034,6 +1064,32 @@ def write_outputs(args, results, stem):
 
 
 # ---- --loaded ----------------------------------------------------------------------------
+
+
+def run_targets_section(args, results):
+    """--targets in its section process (targets.py); exits 1 if an implementation fails."""
+    import rnncore as rc
+
+    from . import targets
+
+    threads = rc.num_threads()
+    allowed = allowed_other_cpu(threads)
+    results["cpu_availability_before"] = before = cpu_availability()
+    if before:
+        print(report.availability_line(before), flush=True)
+    rows, missing = targets.run_targets(
+        args.quick, measure, run_one, TIMING["quick" if args.quick else "full"], allowed,
+        threads, args.rounds,
+    )  # fmt: skip
+    text = targets.table(rows, threads)
+    print(text)
+    results["cpu_availability_after"] = after = cpu_availability()
+    if after:
+        print("after the run: " + report.availability_line(after))
+    if args.out is not None:
+        info = {**results, "threads": threads, "missing_peers": missing}
+        targets.write(args.out, rows, text, info)
+    return 1 if any(r["status"] == "FAILED" for r in rows) else 0
 
 
 def busy_loop():
