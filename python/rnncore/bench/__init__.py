@@ -1077,12 +1077,12 @@ def run_targets_section(args, results):
     results["cpu_availability_before"] = before = cpu_availability()
     if before:
         print(report.availability_line(before), flush=True)
+    print(targets.heading(threads), flush=True)
     rows, missing = targets.run_targets(
         args.quick, measure, run_one, TIMING["quick" if args.quick else "full"], allowed,
-        threads, args.rounds,
+        threads, args.rounds, lambda row: print(targets.line(row), flush=True),
     )  # fmt: skip
     text = targets.table(rows, threads)
-    print(text)
     results["cpu_availability_after"] = after = cpu_availability()
     if after:
         print("after the run: " + report.availability_line(after))

@@ -67,9 +67,9 @@ def paired(ours, theirs):
     return np.array(ours, dtype=float) / fastest
 
 
-def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None):
+def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None, done=None):
     """Rows (a dict per target) of the targets section; `measure` and `run_one` are the
-    bench's (the check, then the timed windows)."""
+    bench's (the check, then the timed windows); done(row) is called as each row ends."""
     rounds = rounds or (2 if quick else 15)
     window = {**timing, **(QUICK_WINDOW if quick else WINDOW), "rounds": 1}
     peers, missing = make_peers("cpu")
@@ -88,6 +88,7 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None):
         absent = [NAMES[n] for n in names if n not in by_name]
         if absent:
             rows.append({**row, "status": "n/a", "note": ", ".join(absent) + " not installed"})
+            done and done(rows[-1])
             continue
         problem = Problem(BY_NAME[config])
         if config not in references:
@@ -100,6 +101,7 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None):
         if failed:
             notes = "; ".join(f"{r['impl']}: {r['status']} {r.get('note', '')}" for r in failed)
             rows.append({**row, "status": "FAILED", "note": notes})
+            done and done(rows[-1])
             continue
         times = {r["impl"]: [] for r in records}
         for i in range(rounds):
@@ -118,28 +120,32 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None):
             round_s=times,
         )
         rows.append(row)
+        done and done(row)
     return rows, missing
 
 
-def table(rows, threads):
-    lines = [
+def heading(threads):
+    return (
         f"speed targets: rnncore / the fastest of the named peers in each round, {threads} "
-        "thread(s); the median over the rounds (quartiles)",
-        "",
-    ]
-    for r in rows:
-        head = f"  {r['target']:52} {r['limit']:4.1f}  "
-        if r["status"] != "ok":
-            lines.append(head + f"{r['status']}: {r['note']}")
-            continue
-        q1, q3 = r["quartiles"]
-        mark = "met" if r["met"] else "not met"
-        ms = ", ".join(f"{NAMES.get(k, k)} {v * 1e3:.3g}" for k, v in r["median_s"].items())
-        lines.append(
-            head + f"{r['ratio']:.2f} ({q1:.2f}-{q3:.2f}) {mark:7}  {r['rounds']} rounds; "
-            f"median ms: {ms}"
-        )
-    return "\n".join(lines)
+        "thread(s); the median over the rounds (quartiles)\n"
+    )
+
+
+def line(r):
+    head = f"  {r['target']:52} {r['limit']:4.1f}  "
+    if r["status"] != "ok":
+        return head + f"{r['status']}: {r['note']}"
+    q1, q3 = r["quartiles"]
+    mark = "met" if r["met"] else "not met"
+    ms = ", ".join(f"{NAMES.get(k, k)} {v * 1e3:.3g}" for k, v in r["median_s"].items())
+    return (
+        head + f"{r['ratio']:.2f} ({q1:.2f}-{q3:.2f}) {mark:7}  {r['rounds']} rounds; "
+        f"median ms: {ms}"
+    )
+
+
+def table(rows, threads):
+    return "\n".join([heading(threads), *map(line, rows)])
 
 
 def write(out: Path, rows, text, info):
