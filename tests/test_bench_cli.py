@@ -391,6 +391,17 @@ def test_targets_are_a_cpu_section(capsys):
     assert "--device cpu" in capsys.readouterr().err
 
 
+def test_targets_without_pytorch_say_so(monkeypatch, capsys):
+    """The reference is PyTorch's float64 autograd: without it --targets exits 2 saying so."""
+    from rnncore.bench import targets
+
+    monkeypatch.setattr(targets, "reference_peer_missing", lambda: True)
+    parser = bench.add_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--targets", "--quick", "--worker-section", "--device", "cpu"])
+    assert bench.run(args) == 2
+    assert "needs PyTorch" in capsys.readouterr().err
+
+
 def test_a_crashed_worker_keeps_the_configurations_it_finished(tmp_path, monkeypatch, capsys):
     """The worker writes its results after each configuration, so a worker that dies (the
     kernels once raised SIGILL beside PyTorch's) loses only the one it was in: the run

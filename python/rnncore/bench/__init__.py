@@ -1077,6 +1077,10 @@ def run_targets_section(args, results):
     results["cpu_availability_before"] = before = cpu_availability()
     if before:
         print(report.availability_line(before), flush=True)
+    if targets.reference_peer_missing():
+        print("--targets needs PyTorch (its float64 reference): pip install \".[bench]\"",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(targets.heading(threads), flush=True)
     rows, missing = targets.run_targets(
         args.quick, measure, run_one, TIMING["quick" if args.quick else "full"], allowed,
