@@ -385,6 +385,34 @@ def test_targets_pair_each_round_with_its_fastest_peer():
     )
 
 
+def test_targets_tell_what_a_peer_does_not_run_from_a_failure():
+    """A peer that does not run a target's layer gives that row n/a (no ratio, the run does
+    not fail); one that disagrees with the reference fails the row."""
+    from rnncore.bench import targets
+
+    class Impl:
+        def __init__(self, name):
+            self.name = name
+
+    def run_one(status):
+        def run(impl, problem, mode, threads, expected, timing, device):
+            s = status if impl.name == "onnxruntime" else "ok"
+            return {"impl": impl.name, "status": s, "note": "why", "_prepared": None}
+
+        return run
+
+    target = [("gru-T5-N2-H16", "inference", ("onnxruntime",), 0.5)]
+    fake = ([Impl("torch"), Impl("onnxruntime")], {})
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(targets, "QUICK", target)
+        m.setattr(targets, "make_peers", lambda device: fake)
+        m.setattr(Impl, "reference", lambda self, p: {"y": None}, raising=False)
+        m.setattr(targets, "RnncoreImpl", lambda device: Impl("rnncore"))
+        for status, want in (("n/a", "n/a"), ("FAILED-CHECK", "FAILED")):
+            rows, _ = targets.run_targets(True, None, run_one(status), {}, 1.0, 1)
+            assert [r["status"] for r in rows] == [want] and "onnxruntime" in rows[0]["note"]
+
+
 def test_targets_are_a_cpu_section(capsys):
     parser = bench.add_arguments(argparse.ArgumentParser())
     assert bench.run(parser.parse_args(["--targets", "--device", "metal-emulated"])) == 2

@@ -104,8 +104,11 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None, 
         records = [run_one(i, problem, mode, threads, expected, window, "cpu") for i in impls]
         failed = [r for r in records if r.get("status") != "ok"]
         if failed:
+            # n/a: what an implementation does not run (no ratio); otherwise a failed check
+            # or an error, which fails the run.
+            status = "n/a" if all(r["status"] == "n/a" for r in failed) else "FAILED"
             notes = "; ".join(f"{r['impl']}: {r['status']} {r.get('note', '')}" for r in failed)
-            rows.append({**row, "status": "FAILED", "note": notes})
+            rows.append({**row, "status": status, "note": notes})
             done and done(rows[-1])
             continue
         times = {r["impl"]: [] for r in records}
