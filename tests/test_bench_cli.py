@@ -347,7 +347,7 @@ def test_targets_section(tmp_path):
     of the rounds' ratios to the fastest of those peers in the same round."""
     pytest.importorskip("onnxruntime")
     out = tmp_path / "targets"
-    code, stdout = run_bench(["-m", "rnncore", "bench"], "--targets", "--quick", "--out", out)
+    code, stdout = run_bench([RUN_PY], "--targets", "--quick", "--out", out)
     assert code == 0, stdout
     for target in (
         r"LSTM N=32 inference vs fastest peer\s+1\.0",
@@ -358,6 +358,8 @@ def test_targets_section(tmp_path):
         assert re.search(row, stdout), stdout
     data = json.loads((out / "targets.json").read_text())
     assert "--targets" in data["command"] and data["run"] == "quick"
+    # run from the checkout: its commit, recorded by the section's own process
+    assert data["repository"]["commit"]
     assert [r["status"] for r in data["targets"]] == ["ok"] * 3
     for r in data["targets"]:
         times = r["round_s"]

@@ -195,6 +195,7 @@ def add_arguments(parser):
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker-section", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-command", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-checkout", help=argparse.SUPPRESS)
     return parser
 
 
@@ -217,6 +218,14 @@ def main(argv=None, checkout=None):
     args = add_arguments(parser).parse_args(argv)
     args.checkout = checkout
     return run(args)
+
+
+def checkout_of(args):
+    """The checkout whose commit the results record: bench/run.py's, or, in a section's
+    process, the one its parent ran from."""
+    checkout = getattr(args, "checkout", None)
+    worker = getattr(args, "worker_checkout", None)
+    return checkout or (Path(worker) if worker else None)
 
 
 # ---- the loaded-machine guard and timing --------------------------------------------------
@@ -850,6 +859,8 @@ def run_section_process(args, device):
         cmd += ["--out", str(args.out)] if args.out is not None else []
         cmd += ["--force"] if args.force else []
         cmd += ["--worker-command", " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])]
+    if checkout_of(args) is not None:
+        cmd += ["--worker-checkout", str(checkout_of(args))]
     if threads is not None:
         print(f"{threads} thread(s), in a process with the thread variables set", flush=True)
     return subprocess.run(cmd, env=worker_env(threads), check=False).returncode
@@ -966,7 +977,7 @@ def run(args):
         "cpu_availability_before": availability,
         "versions": versions(),
         "build_info": rc.build_info(),
-        "repository": repository(getattr(args, "checkout", None)),
+        "repository": repository(checkout_of(args)),
         "env": {k: v for k, v in sorted(os.environ.items()) if RECORDED_ENV.match(k)},
     }
     if args.loaded:
