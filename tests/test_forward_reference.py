@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from cases import (
     AWKWARD_SIZES,
+    BFLOAT16,
     DISTINCT_ACTIVATIONS,
     DTYPES,
     KINDS,
@@ -93,6 +94,28 @@ def test_every_flag_combination_projected_in_the_steps_matches_reference(rng, ki
     rows in the step (W packed beside R; the reset-before GRU in both of its phases)."""
     desc = make_descriptor(kind, **flags)
     compare(rng, "cpu", kind, np.float32, desc, N=17, H=31, **all_inputs(kind))
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("first", [False, True], ids=["default-order", "other-order"])
+@pytest.mark.parametrize(("N", "H"), [(1, 64), (2, 32), (32, 48)], ids=["N1", "N2", "N32"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_one_pass_epilogues_in_either_gate_order_match_reference(
+    rng, kind, N, H, first, training, dtype
+):
+    """The CPU's one-pass epilogues (default activations, no peephole, full panels: the LSTM's
+    in every mode, the reset-after GRU's in inference) read each gate at the descriptor's
+    offset: the LSTM's forget gate last or not, the GRU's reset gate first or not, at batch 1
+    (a panel batch's rows), a small batch and a batch whose steps project their own rows."""
+    flags = {"forget_gate_last": first} if kind == "lstm" else {"reset_gate_first": first}
+    if kind == "gru":
+        flags["reset_after"] = True
+    desc = make_descriptor(kind, training=training, **flags)
+    extra = {"secondary_bias": True} if kind == "gru" else {}
+    compare(rng, "cpu", kind, dtype, desc, T=5, N=N, H=H, I=24, bias=True, **extra)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
