@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ from rnncore.bench import peers
 torch = pytest.importorskip("torch")
 
 RUN_PY = pathlib.Path(__file__).resolve().parent.parent / "bench" / "run.py"
+WIDENING = RUN_PY.parent / "micro" / "f16_widening.cpp"
 # Sizes every implementation runs in a moment (metal-emulated --quick's).
 TINY = ["gru-T5-N2-H16", "lstm-T5-N2-H16", "gru-T5-N2-H16-f16"]
 
@@ -607,3 +609,42 @@ def test_sections_run_without_the_openblas_overrides(section, monkeypatch, capsy
     assert env["RNNCORE_NUM_THREADS"] == "2" and env["OMP_NUM_THREADS"] == "2"
     out = capsys.readouterr().out
     assert "OPENBLAS_CORETYPE=Haswell" in out  # recorded in the header
+
+
+def _cpu_flags():
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.skipif(
+    not {"avx512f", "f16c", "fma"} <= _cpu_flags() or shutil.which("c++") is None,
+    reason="the float16 widening microbenchmark needs a C++ compiler and AVX-512F, F16C, FMA",
+)
+def test_f16_widening_microbenchmark_builds_and_its_ways_agree(tmp_path):
+    """bench/micro/f16_widening.cpp (docs/performance.md's float16 measurements) builds
+    warning-free, and its float32, 512-bit and 256-bit widening products give the same bits."""
+    exe = tmp_path / "f16_widening"
+    build = subprocess.run(
+        [
+            "c++",
+            "-O2",
+            "-march=native",
+            "-Wall",
+            "-Wextra",
+            "-Wno-uninitialized",
+            "-Werror",
+            str(WIDENING),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    check = subprocess.run([str(exe), "--check"], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
