@@ -370,6 +370,14 @@ def test_targets_section(tmp_path):
         ratios = np.array(times["rnncore"]) / fastest
         assert r["ratio"] == pytest.approx(np.median(ratios))
         assert r["met"] == (r["ratio"] <= r["limit"])
+        # Two threads on two CPUs or more: the CPUs' round trip before each round.
+        if data["threads"] > 1 and len(os.sched_getaffinity(0)) > 1:
+            assert len(r["round_trip_ns"]) == 2 and all(t > 0 for t in r["round_trip_ns"])
+    if data["threads"] > 1 and len(os.sched_getaffinity(0)) > 1:
+        assert data["cpu_availability_before"]["round_trip_ns"] > 0
+        assert (
+            stdout.count("CPU round trip") == 3 and "a round trip between the first two" in stdout
+        )
     assert "```" in (out / "targets.md").read_text()
     # An existing result is replaced only with --force.
     code, stdout = run_bench(["-m", "rnncore", "bench"], "--targets", "--quick", "--out", out)
@@ -648,3 +656,35 @@ def test_f16_widening_microbenchmark_builds_and_its_ways_agree(tmp_path):
     assert build.returncode == 0, build.stderr
     check = subprocess.run([str(exe), "--check"], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="the round trip needs two CPUs",
+)
+def test_cpu_round_trip_probe():
+    """Two pinned processes bounce a byte through a shared page: a round trip between the
+    first two CPUs in nanoseconds (a busy interpreter loop: well under a millisecond)."""
+    trips = [bench.cpu_round_trip_ns(n=500) for _ in range(3)]
+    assert all(isinstance(t, int) and 0 < t < 1_000_000 for t in trips), trips
+
+
+def test_round_trips_are_reported_and_far_ones_flagged():
+    """The targets' rows give the rounds' median round trip and how many rounds found the
+    CPUs far apart; the availability line warns when they are."""
+    from rnncore.bench import report, targets
+
+    far = report.FAR_ROUND_TRIP_NS
+    row = {"target": "LSTM N=1 bfloat16 inference vs ONNX Runtime float32", "limit": 0.5,
+           "status": "ok", "ratio": 0.6, "quartiles": [0.5, 0.9], "met": False, "rounds": 3,
+           "median_s": {"rnncore": 5e-4, "onnxruntime": 9e-4},
+           "round_trip_ns": [far // 2, far // 2, far * 2]}  # fmt: skip
+    assert re.search(r"CPU round trip 0\.\d\d us, far in 1 of 3 rounds$", targets.line(row))
+    row["round_trip_ns"] = [far // 2] * 3
+    assert targets.line(row).endswith(" us") and "far" not in targets.line(row)
+    del row["round_trip_ns"]
+    assert "round trip" not in targets.line(row)
+    avail = {"cpus": [0, 1], "ran": [1.0, 1.0], "speed": [1.0, 1.0], "round_trip_ns": far // 2}
+    assert "warning" not in report.availability_line(avail)
+    avail["round_trip_ns"] = far * 2
+    assert "far apart" in report.availability_line(avail)

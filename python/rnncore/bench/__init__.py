@@ -297,7 +297,71 @@ def cpu_availability(seconds=0.5):
         "cpus": cpus,
         "ran": [round(r, 3) for r in ran],
         "speed": [round(r / max(rate), 3) for r in rate],
+        "round_trip_ns": cpu_round_trip_ns(),
     }
+
+
+# Two Python processes pinned to two CPUs bounce a byte through a shared page
+# (cpu_round_trip_ns): a round trip is two cache-line transfers between the cores. A host
+# that moves a VM's CPUs far apart (another core complex or socket) makes it several times
+# longer, and with it every hand-off between rnncore's threads (the batch-1 steps hand off
+# 100 times a call).
+ROUND_TRIP_PROBE = """
+import mmap, os, sys, time
+path, cpu, n, leader = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+os.sched_setaffinity(0, {cpu})
+with open(path, "r+b") as f:
+    b = mmap.mmap(f.fileno(), 4096)
+mine, theirs = (0, 64) if leader else (64, 0)
+b[mine] = 1
+deadline = time.time() + 10
+while b[theirs] == 0:
+    if time.time() > deadline:
+        sys.exit(1)
+t0 = time.perf_counter()
+for i in range(2, n + 2):
+    v = i & 127
+    if leader:
+        b[mine] = v
+        while b[theirs] != v:
+            pass
+    else:
+        while b[theirs] != v:
+            pass
+        b[mine] = v
+if leader:
+    print((time.perf_counter() - t0) / n * 1e9)
+"""
+
+
+def cpu_round_trip_ns(n=3000):
+    """Nanoseconds a round trip between the first two usable CPUs takes (ROUND_TRIP_PROBE,
+    the interpreter's loop included: report.FAR_ROUND_TRIP_NS), or None with fewer than two
+    CPUs, off Linux, or when a probe fails."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix="rnncore-rtt-") as f:
+            f.write(bytes(4096))
+            f.flush()
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", ROUND_TRIP_PROBE, f.name, str(cpu), str(n), lead],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for cpu, lead in ((cpus[1], "0"), (cpus[0], "1"))
+            ]
+            outs = [p.communicate(timeout=30)[0] for p in procs]
+            if any(p.returncode for p in procs):
+                return None
+            return round(float(outs[1]))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 def allowed_other_cpu(threads):
@@ -1096,6 +1160,7 @@ def run_targets_section(args, results):
     rows, missing = targets.run_targets(
         args.quick, measure, run_one, TIMING["quick" if args.quick else "full"], allowed,
         threads, args.rounds, lambda row: print(targets.line(row), flush=True),
+        round_trip=cpu_round_trip_ns if threads > 1 else None,
     )  # fmt: skip
     text = targets.table(rows, threads)
     results["cpu_availability_after"] = after = cpu_availability()

@@ -173,6 +173,12 @@ def gemm_line(p):
     return "; ".join(parts) + "."
 
 
+# A round trip of the bench's probe (cpu_round_trip_ns) longer than this: the two CPUs are
+# far apart. On a Zen 4 VM in December 2026 the probe took 0.31-0.45 us where a C loop's
+# round trip took 0.05-0.12, and 0.66-0.78 (once 1.2) where it took 0.47-0.52.
+FAR_ROUND_TRIP_NS = 550
+
+
 def availability_line(avail):
     """The probe's result in words, with a warning when the CPUs ran short or unevenly."""
     if not avail:
@@ -180,11 +186,16 @@ def availability_line(avail):
     ran = ", ".join(f"{r:.2f}" for r in avail["ran"])
     speed = ", ".join(f"{r:.2f}" for r in avail["speed"])
     line = f"CPUs all busy: each ran {ran} of the time, at speeds {speed} of the fastest"
+    rtt = avail.get("round_trip_ns")
+    if rtt:
+        line += f"; a round trip between the first two {rtt / 1e3:.2f} us"
     notes = []
     if min(avail["ran"]) < 0.9:
         notes.append("the CPUs are taken part of the time (other processes, a quota, a VM's host)")
     if min(avail["speed"]) < 0.8:
         notes.append("they run at different speeds (a core shared with another guest, or kinds)")
+    if rtt and rtt > FAR_ROUND_TRIP_NS:
+        notes.append("they are far apart (another core complex or socket): threads hand off slowly")
     if notes:
         line += f" (warning: {'; '.join(notes)}; times and ratios are not a quiet machine's)"
     return line

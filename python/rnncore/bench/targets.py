@@ -17,11 +17,13 @@ ONNX Runtime runs the float16 and bfloat16 layers in float32 on the same values.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .peers import BY_NAME, Problem, RnncoreImpl, make_peers
+from .report import FAR_ROUND_TRIP_NS
 
 NAMES = {"onnxruntime": "ONNX Runtime", "torch": "PyTorch"}
 
@@ -74,9 +76,13 @@ def reference_peer_missing():
     return importlib.util.find_spec("torch") is None
 
 
-def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None, done=None):
+def run_targets(
+    quick, measure, run_one, timing, allowed, threads, rounds=None, done=None, round_trip=None
+):
     """Rows (a dict per target) of the targets section; `measure` and `run_one` are the
-    bench's (the check, then the timed windows); done(row) is called as each row ends."""
+    bench's (the check, then the timed windows); done(row) is called as each row ends.
+    round_trip(): the CPUs' round trip in ns (or None), taken before each round's windows:
+    a host that moves the CPUs apart for seconds slows every hand-off between threads."""
     rounds = rounds or (2 if quick else 15)
     window = {**timing, **(QUICK_WINDOW if quick else WINDOW), "rounds": 1}
     peers, missing = make_peers("cpu")
@@ -112,7 +118,11 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None, 
             done and done(rows[-1])
             continue
         times = {r["impl"]: [] for r in records}
+        trips = []
         for i in range(rounds):
+            if round_trip is not None:
+                time.sleep(window["settle"])  # the last window's worker threads spin down
+                trips.append(round_trip())
             order = records if i % 2 == 0 else records[::-1]
             for r in order:
                 p = r["_prepared"]
@@ -127,6 +137,8 @@ def run_targets(quick, measure, run_one, timing, allowed, threads, rounds=None, 
             median_s={k: float(np.median(v)) for k, v in times.items()},
             round_s=times,
         )
+        if trips and all(t is not None for t in trips):
+            row["round_trip_ns"] = trips
         rows.append(row)
         done and done(row)
     return rows, missing
@@ -146,10 +158,17 @@ def line(r):
     q1, q3 = r["quartiles"]
     mark = "met" if r["met"] else "not met"
     ms = ", ".join(f"{NAMES.get(k, k)} {v * 1e3:.3g}" for k, v in r["median_s"].items())
-    return (
+    text = (
         head + f"{r['ratio']:.2f} ({q1:.2f}-{q3:.2f}) {mark:7}  {r['rounds']} rounds; "
         f"median ms: {ms}"
     )
+    trips = r.get("round_trip_ns")
+    if trips:
+        far = sum(t > FAR_ROUND_TRIP_NS for t in trips)
+        text += f"; CPU round trip {np.median(trips) / 1e3:.2f} us"
+        if far:
+            text += f", far in {far} of {len(trips)} rounds"
+    return text
 
 
 def table(rows, threads):
