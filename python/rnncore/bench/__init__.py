@@ -23,7 +23,9 @@ wall second and the cores other processes kept busy meanwhile (Linux /proc/stat)
 disturbed by them is repeated (full runs: after waiting for them to calm down), and what
 stays disturbed is marked ``*`` and counted in a warning. Before and after a run, a busy
 loop pinned to each usable CPU measures the share of the time each ran and its speed
-(cpu_availability): what other processes, a quota or a VM's host take, and uneven cores.
+(cpu_availability): what other processes, a quota or a VM's host take, and uneven cores;
+and two pinned processes time a round trip between the first two CPUs (cpu_round_trip_ns):
+a host that moves a VM's CPUs far apart slows every hand-off between threads.
 ``--loaded`` instead times rnncore at its default thread count and at 1 thread beside a
 competing busy loop; ``--targets`` times the CPU speed targets as paired ratios in
 alternating rounds (rnncore.bench.targets).
