@@ -45,36 +45,31 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Panels of 8 vectors (128 columns) × K, each k's 128 columns contiguous.
-__attribute__((noinline)) void float32(const float* P) {
+// Panels of 8 vectors (128 columns) × K, each k's 128 columns contiguous; widen(p) loads the
+// 16 weights at p as float32.
+template <class T, class Widen>
+__attribute__((always_inline)) inline void product(const T* P, Widen widen) {
   for (int64_t b = 0; b < NV; b += 8) {
     __m512 a[8];
     for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; ++k) {
       const __m512 x = _mm512_set1_ps(row[k]);
-      const float* p = P + (b / 8 * K + k) * 128;
+      const T* p = P + (b / 8 * K + k) * 128;
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(x, _mm512_loadu_ps(p + 16 * j), a[j]);
+      for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(x, widen(p + 16 * j), a[j]);
     }
     for (int j = 0; j < 8; ++j) _mm512_storeu_ps(out + (b + j) * 16, a[j]);
   }
 }
 
+__attribute__((noinline)) void float32(const float* P) {
+  product(P, [](const float* p) { return _mm512_loadu_ps(p); });
+}
+
 __attribute__((noinline)) void cvt512(const uint16_t* P) {
-  for (int64_t b = 0; b < NV; b += 8) {
-    __m512 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-      const __m512 x = _mm512_set1_ps(row[k]);
-      const uint16_t* p = P + (b / 8 * K + k) * 128;
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * j));
-        a[j] = _mm512_fmadd_ps(x, _mm512_cvtph_ps(h), a[j]);
-      }
-    }
-    for (int j = 0; j < 8; ++j) _mm512_storeu_ps(out + (b + j) * 16, a[j]);
-  }
+  product(P, [](const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  });
 }
 
 // 4 vectors of 16 (128 columns) as 8 halves; the same lanes' sums in the same order as cvt512.
