@@ -5,11 +5,13 @@ fused path) to 101, N from 1 (the batch-1 paths: x' by blocks of rows, carried i
 bfloat16 LSTM's steps) across the tiles' row counts and past them, H in whole and partial
 16-unit panels up to 512 (the k chunks), I below, at and above H or no input weight, every
 flag, the optional inputs and sometimes other activations, in float32, float16 or bfloat16,
-forward or training forward and gradients. Each case checks:
+forward or training forward and gradients; on the CPU, and smaller on the Metal devices
+(the emulator here). Each case checks:
 
 - the outputs' bits are the same at 1 thread and at 2 or 3 (the contract: the thread count
   never changes a result: docs/api.md, "Devices and threads");
-- a float16 forward is the float32 operation on the widened arrays, rounded once (bits);
+- on the CPU, a float16 forward is the float32 operation on the widened arrays, rounded
+  once (bits);
 - within the dtype's tolerance of rnncore.reference in float64 (tests/util.py), or, where
   the problem is ill-conditioned (long sequences, identity or ReLU gates, a tanh update
   gate whose 1 - z reaches 2), within 4 times how far the reference itself moves when every
@@ -17,8 +19,9 @@ forward or training forward and gradients. Each case checks:
   rnncore's own training state, so that a pre-activation within rounding of hard sigmoid's
   or ReLU's kink sits on the same side in both.
 
-RNNCORE_KERNEL_FUZZ_CASES (default 800) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default
-0) widen a run; ``python tests/test_kernel_fuzz.py SEED`` runs one case and prints it.
+RNNCORE_KERNEL_FUZZ_CASES (default 800), RNNCORE_KERNEL_FUZZ_DEVICE_CASES (on each Metal
+device, default 48) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default 0) widen a run;
+``python tests/test_kernel_fuzz.py SEED [DEVICE]`` runs one case and prints it.
 """
 
 import os
@@ -36,24 +39,29 @@ from cases import (
     make_inputs,
     run,
     run_gradients,
+    supported,
     training_forward,
 )
-from util import BFLOAT16, FORWARD_TOL, GRADIENT_TOL, rel_err
+from util import BFLOAT16, FORWARD_TOL, GRADIENT_TOL, devices_under_test, rel_err
 
 import rnncore
 from rnncore import reference
 
 CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_CASES", "800"))
+DEVICE_CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_DEVICE_CASES", "48"))
 FIRST_SEED = int(os.environ.get("RNNCORE_KERNEL_FUZZ_SEED", "0"))
 BLOCKS = 8
 BOUNDED = ("SIGMOID", "TANH", "HARD_SIGMOID")
 
 
-def rounding(dtype, inputs):
+def rounding(dtype, inputs, device):
     """The arithmetic's relative rounding, as a perturbation of every input: float32's unit
     roundoff grown by the square root of a dot product's length (the products with W and R
-    sum I + H terms, each sum rounded), or bfloat16's where the fused kernels' products take
-    the state rounded to it (docs/api.md, "Arrays")."""
+    sum I + H terms, each sum rounded); on the CPU bfloat16's where the fused kernels'
+    products take the state rounded to it, and on Metal the storage type's, in which it
+    stores the state each step (docs/api.md, "Arrays")."""
+    if device != "cpu" and dtype in (np.float16, BFLOAT16):
+        return 2.0**-11 if dtype == np.float16 else 2.0**-8
     if dtype == BFLOAT16:
         return 2.0**-9
     H = inputs["recurrent_weight"].shape[-1]
@@ -65,17 +73,18 @@ def pick(rng, items):
     return items[int(rng.integers(len(items)))]
 
 
-def draw(seed):
+def draw(seed, device="cpu"):
     """One case: (description, kind, inputs, descriptor, whether gradients, the cotangents'
     options, the thread count beside 1)."""
     rng = np.random.default_rng(seed)
     kind = pick(rng, ["rnn", "lstm", "lstm", "gru", "gru"])
     T = pick(rng, [5, 6, 7, 8, 9, 12, 17, 25, 40, 64, 101])
     N = pick(rng, [1, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 31, 32, 33, 48, 65])
-    wide = T * N < 2000
+    wide = T * N < 2000 and device == "cpu"
     H = pick(rng, [16, 17, 32, 40, 48, 64, 80, 96, 100, 128, 160, 256] + [384, 512] * wide)
     I = pick(rng, [None, H, H // 2 + 1, 3, 64, 100, 256, 2 * H])  # noqa: E741
-    while T > 5 and T * N * H * (H + (I or H)) > 4e7:  # the float64 reference's loops short
+    # The float64 reference's loops short, and the Metal emulator's threadgroups few.
+    while T > 5 and T * N * H * (H + (I or H)) > (4e7 if device == "cpu" else 4e6):
         T = max(5, T // 2)
     dtype = np.dtype(pick(rng, [np.float32, np.float16, np.float16, BFLOAT16, BFLOAT16]))
     options = dict(bias=rng.random() < 0.6, init_state=rng.random() < 0.4)
@@ -101,7 +110,7 @@ def draw(seed):
     )
     what = (
         f"seed {seed}: {kind} T={T} N={N} H={H} I={I} {dtype.name} {options} {fields}"
-        f"{' gradients ' + str(cot) if gradients else ''}, 1 and {threads} threads"
+        f"{' gradients ' + str(cot) if gradients else ''} on {device}, 1 and {threads} threads"
     )
     return what, kind, inputs, make_descriptor(kind, **fields), gradients, cot, threads
 
@@ -123,7 +132,8 @@ def moderate(*results):
 def float16_rounded_once(kind, inputs, desc, forward):
     """Messages for the fields of a float16 forward that are not the float32 operation on
     the widened arrays, rounded once."""
-    wide = run(rnncore, kind, {k: v.astype(np.float32) for k, v in inputs.items()}, desc)
+    widened = {k: v.astype(np.float32) for k, v in inputs.items()}
+    wide = run(rnncore, kind, widened, desc, device="cpu")
     messages = []
     for f, v in arrays(wide).items():
         with np.errstate(over="ignore"):  # past float16's range: inf, as rounded
@@ -164,19 +174,21 @@ def sensitivity(kind, f64, desc, gradients, cot, unit, seed):
     return moved
 
 
-def check(seed):
+def check(seed, device="cpu"):
     """The case's failures, as messages (empty: it passed)."""
-    what, kind, inputs, desc, gradients, cot_options, threads = draw(seed)
+    what, kind, inputs, desc, gradients, cot_options, threads = draw(seed, device)
     dtype = inputs["source"].dtype
+    if not supported(device, dtype):  # bfloat16 on Metal before macOS 14
+        return []
     cot = cotangents_like(np.random.default_rng(seed + 1), kind, inputs, **cot_options)
     runs = []
     try:
         for n in (1, threads):
             rnncore.set_num_threads(n)
             if gradients:
-                runs.append(run_gradients(rnncore, kind, inputs, desc, cot))
+                runs.append(run_gradients(rnncore, kind, inputs, desc, cot, device=device))
             else:
-                runs.append((run(rnncore, kind, inputs, desc),))
+                runs.append((run(rnncore, kind, inputs, desc, device=device),))
     finally:
         rnncore.set_num_threads(0)
     failures = []
@@ -187,7 +199,7 @@ def check(seed):
             for f in a
             if a[f].tobytes() != b[f].tobytes()
         ]
-    if dtype == np.float16 and not gradients:
+    if dtype == np.float16 and not gradients and device == "cpu":
         failures += float16_rounded_once(kind, inputs, desc, runs[0][0])
     # The reference's gradients from rnncore's training state: a pre-activation within
     # rounding of a kink (hard sigmoid, ReLU) then sits on the same side in both.
@@ -208,7 +220,7 @@ def check(seed):
                 if err <= tols[i]:
                     continue
                 if moved is None:  # only where needed: two more reference runs
-                    unit = rounding(dtype, inputs)
+                    unit = rounding(dtype, inputs, device)
                     moved = sensitivity(kind, f64, desc, gradients, cot64, unit, seed)
                 bound = 4 * moved.get((i, f), 0.0)
                 if not err <= bound:
@@ -219,6 +231,7 @@ def check(seed):
     return [f"{what}: {m}" for m in failures]
 
 
+@pytest.mark.skipif("cpu" not in devices_under_test(), reason="RNNCORE_DEVICE names another")
 @pytest.mark.parametrize("block", range(BLOCKS))
 def test_random_calls_of_the_fused_kernels(block):
     seeds = range(FIRST_SEED + block, FIRST_SEED + CASES, BLOCKS)
@@ -226,7 +239,16 @@ def test_random_calls_of_the_fused_kernels(block):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
 
 
+@pytest.mark.parametrize("device", [d for d in devices_under_test() if d != "cpu"])
+def test_random_calls_on_metal(device):
+    """The same draws, smaller (T·N·H·(H + I) at most 4e6), on the Metal emulator and on a
+    Mac's GPU: the Metal kernels' threadgroups and tails at shapes their suites do not fix."""
+    seeds = range(FIRST_SEED, FIRST_SEED + DEVICE_CASES)
+    failures = [m for seed in seeds for m in check(seed, device)]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
+
+
 if __name__ == "__main__":
-    seed = int(sys.argv[1])
-    print(draw(seed)[0])
-    print("\n".join(check(seed)) or "passed")
+    seed, device = int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    print(draw(seed, device)[0])
+    print("\n".join(check(seed, device)) or "passed")
