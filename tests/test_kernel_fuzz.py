@@ -12,15 +12,19 @@ forward or training forward and gradients; on the CPU, and smaller on the Metal 
   never changes a result: docs/api.md, "Devices and threads");
 - on the CPU, a float16 forward is the float32 operation on the widened arrays, rounded
   once (bits);
-- within the dtype's tolerance of rnncore.reference in float64 (tests/util.py), or, where
-  the problem is ill-conditioned (long sequences, identity or ReLU gates, a tanh update
-  gate whose 1 - z reaches 2), within 4 times how far the reference itself moves when every
-  input moves by the arithmetic's rounding (`rounding`). The reference's gradients take
-  rnncore's own training state, so that a pre-activation within rounding of hard sigmoid's
-  or ReLU's kink sits on the same side in both.
+- within 4 times the error the problem itself implies, of rnncore.reference in float64: how
+  far the reference moves when every input moves by the arithmetic's rounding (`rounding`),
+  plus half the results' rounding to their storage type. For a well-conditioned draw that
+  is about 1e-6 in float32, 1e-3 in float16 and 1e-2 in bfloat16, several times tighter
+  than the contract's tolerances (tests/util.py), so that a loss of precision fails; for
+  an ill-conditioned one (long sequences, identity or ReLU gates, a tanh update gate whose
+  1 - z reaches 2) it grows as the problem's sensitivity does. On Metal the contract's
+  tolerances also hold. The reference's gradients take rnncore's own training state, so
+  that a pre-activation within rounding of hard sigmoid's or ReLU's kink sits on the same
+  side in both.
 
-RNNCORE_KERNEL_FUZZ_CASES (default 800), RNNCORE_KERNEL_FUZZ_DEVICE_CASES (on each Metal
-device, default 48) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default 0) widen a run;
+RNNCORE_KERNEL_FUZZ_CASES (default 600), RNNCORE_KERNEL_FUZZ_DEVICE_CASES (on each Metal
+device, default 32) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default 0) widen a run;
 ``python tests/test_kernel_fuzz.py SEED [DEVICE]`` runs one case and prints it.
 """
 
@@ -47,26 +51,31 @@ from util import BFLOAT16, FORWARD_TOL, GRADIENT_TOL, devices_under_test, rel_er
 import rnncore
 from rnncore import reference
 
-CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_CASES", "800"))
-DEVICE_CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_DEVICE_CASES", "48"))
+CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_CASES", "600"))
+DEVICE_CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_DEVICE_CASES", "32"))
 FIRST_SEED = int(os.environ.get("RNNCORE_KERNEL_FUZZ_SEED", "0"))
 BLOCKS = 8
 BOUNDED = ("SIGMOID", "TANH", "HARD_SIGMOID")
 
 
-def rounding(dtype, inputs, device):
+# The results' rounding to their storage type.
+STORED = {np.dtype(np.float32): 2.0**-24, np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}
+
+
+def rounding(dtype, inputs, device, gradients):
     """The arithmetic's relative rounding, as a perturbation of every input: float32's unit
-    roundoff grown by the square root of a dot product's length (the products with W and R
-    sum I + H terms, each sum rounded); on the CPU bfloat16's where the fused kernels'
-    products take the state rounded to it, and on Metal the storage type's, in which it
-    stores the state each step (docs/api.md, "Arrays")."""
+    roundoff grown by the square root of the sums' length (the products with W and R sum
+    I + H terms, and the weights' gradients T·N), each sum rounded; on the CPU bfloat16's
+    where the fused kernels' products take the state rounded to it, and on Metal the
+    storage type's, in which it stores the state each step (docs/api.md, "Arrays")."""
     if device != "cpu" and dtype in (np.float16, BFLOAT16):
         return 2.0**-11 if dtype == np.float16 else 2.0**-8
     if dtype == BFLOAT16:
         return 2.0**-9
+    T, N = inputs["source"].shape[:2]
     H = inputs["recurrent_weight"].shape[-1]
     I = inputs["input_weight"].shape[-1] if "input_weight" in inputs else 0  # noqa: E741
-    return 2.0**-24 * np.sqrt(H + I)
+    return 2.0**-24 * np.sqrt(H + I + (T * N if gradients else 0))
 
 
 def pick(rng, items):
@@ -156,12 +165,14 @@ def reference_results(kind, f64, desc, gradients, cot, forward=None):
     return [own, grads]
 
 
-def sensitivity(kind, f64, desc, gradients, cot, unit, seed):
+def sensitivity(kind, f64, desc, gradients, cot, unit, seed, base=None):
     """Per result and field, how far the reference's results move (relative) when every
     input and cotangent moves by `unit` (relative, at random): the problem's own
-    conditioning at the rounding of the arithmetic. The larger of two draws."""
+    conditioning at the rounding of the arithmetic. The larger of two draws. `base`: the
+    reference's results on the inputs as they are, if at hand."""
     rng = np.random.default_rng(seed)
-    base = reference_results(kind, f64, desc, gradients, cot)
+    if base is None:
+        base = reference_results(kind, f64, desc, gradients, cot)
     moved = {}
     for _ in range(2):
         nudge = {k: v * (1 + unit * rng.uniform(-1, 1, np.shape(v))) for k, v in f64.items()}
@@ -211,23 +222,22 @@ def check(seed, device="cpu"):
         expected = reference_results(kind, f64, desc, gradients, cot64, forward)
         if not moderate(*expected):
             return [f"{what}: {m}" for m in failures]
-        tols = [FORWARD_TOL[dtype], GRADIENT_TOL[dtype]]
-        moved = None
-        for i, (actual, e) in enumerate(zip(mine, expected)):
-            for f, want in arrays(e).items():
-                got = arrays(actual).get(f)
-                err = rel_err(got.astype(np.float64), want) if got is not None else np.inf
-                if err <= tols[i]:
-                    continue
-                if moved is None:  # only where needed: two more reference runs
-                    unit = rounding(dtype, inputs, device)
-                    moved = sensitivity(kind, f64, desc, gradients, cot64, unit, seed)
-                bound = 4 * moved.get((i, f), 0.0)
-                if not err <= bound:
-                    failures.append(
-                        f"{f}: relative error {err:.2e} > {tols[i]:.0e} and > 4 times the "
-                        f"reference's move ({bound / 4:.1e}) for inputs moved by {unit:.0e}"
-                    )
+        unit = rounding(dtype, inputs, device, gradients)
+        own = None if gradients else expected  # (gradients: from the reference's state)
+        moved = sensitivity(kind, f64, desc, gradients, cot64, unit, seed, own)
+    # On Metal, whose activations this machine cannot measure on a GPU, the contract's
+    # tolerances bound it too.
+    tols = [FORWARD_TOL[dtype], GRADIENT_TOL[dtype]] if device != "cpu" else [0.0, 0.0]
+    for i, (actual, e) in enumerate(zip(mine, expected)):
+        for f, want in arrays(e).items():
+            got = arrays(actual).get(f)
+            err = rel_err(got.astype(np.float64), want) if got is not None else np.inf
+            bound = max(4 * (moved[i, f] + STORED[dtype] / 2), tols[i])
+            if not err <= bound:
+                failures.append(
+                    f"{f}: relative error {err:.2e} > {bound:.1e} (the reference moves by "
+                    f"{moved[i, f]:.1e} for inputs moved by {unit:.0e})"
+                )
     return [f"{what}: {m}" for m in failures]
 
 
