@@ -23,8 +23,8 @@ forward or training forward and gradients; on the CPU, and smaller on the Metal 
   that a pre-activation within rounding of hard sigmoid's or ReLU's kink sits on the same
   side in both.
 
-RNNCORE_KERNEL_FUZZ_CASES (default 600), RNNCORE_KERNEL_FUZZ_DEVICE_CASES (on each Metal
-device, default 32) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default 0) widen a run;
+RNNCORE_KERNEL_FUZZ_CASES (default 240), RNNCORE_KERNEL_FUZZ_DEVICE_CASES (on each Metal
+device, default 16) and RNNCORE_KERNEL_FUZZ_SEED (first seed, default 0) widen a run;
 ``python tests/test_kernel_fuzz.py SEED [DEVICE]`` runs one case and prints it.
 """
 
@@ -51,8 +51,8 @@ from util import BFLOAT16, FORWARD_TOL, GRADIENT_TOL, devices_under_test, rel_er
 import rnncore
 from rnncore import reference
 
-CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_CASES", "600"))
-DEVICE_CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_DEVICE_CASES", "32"))
+CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_CASES", "240"))
+DEVICE_CASES = int(os.environ.get("RNNCORE_KERNEL_FUZZ_DEVICE_CASES", "16"))
 FIRST_SEED = int(os.environ.get("RNNCORE_KERNEL_FUZZ_SEED", "0"))
 BLOCKS = 8
 BOUNDED = ("SIGMOID", "TANH", "HARD_SIGMOID")
