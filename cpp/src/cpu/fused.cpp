@@ -221,11 +221,11 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
   // stage). A block is short (6 rows × 16 units: ~0.6 us at I = 256), so that it fits the
   // wait it fills rather than delaying the next step.
   // Carried blocks (FusedOps::carry_rows): a chunk's steps sum the blocks of its own panels
-  // that its later steps read, in the order they read them, `per_slice` pairs of k per
-  // panel's product (as many as the steps consume: each panel's block of kRows rows every
-  // kRows steps). A block is claimed as made is (0 to 1) and marked made by the step that
-  // sums its last pairs; a step whose block is still being carried sums the rest first. A
-  // chunk's Carrying, slices and sums are touched only by whoever runs its step (one at a
+  // that its later steps read, in the order they read them, `per_slice` units of k
+  // (CarrySlice) per panel's product (as many as the steps consume: each panel's block of
+  // kRows rows every kRows steps). A block is claimed as made is (0 to 1) and marked made by
+  // the step that sums its last units; a step whose block is still being carried sums the rest
+  // first. A chunk's Carrying, slices and sums are touched only by whoever runs its step (one at a
   // time, stage after stage). The blocks' rows are carry_rows whether carried or not
   // (carry_blocks), so the bits are the same either way.
   const int64_t block_rows = [&] {
@@ -244,10 +244,11 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
     int64_t t0 = -1, b = 0, k = 0;  // the block being carried: its first row, panel, pairs summed
     int64_t buf = 0;
   };
-  const int64_t K2w = p.I / 2, per_slice = carry_rows ? (K2w + carry_rows - 1) / carry_rows : 0;
+  const int64_t units = carry_rows ? k.carry_units(p) : 0,
+                per_slice = carry_rows ? (units + carry_rows - 1) / carry_rows : 0;
   // Sums per chunk: as many as the blocks one step's slices can touch (the one in progress,
-  // then a block per K2w pairs; one finished in a step keeps its sums until the step is done).
-  const int64_t ring = carry_rows ? (per_chunk * per_slice + K2w - 1) / K2w + 2 : 0,
+  // then a block per `units`; one finished in a step keeps its sums until the step is done).
+  const int64_t ring = carry_rows ? (per_chunk * per_slice + units - 1) / units + 2 : 0,
                 acc_elems = carry_rows * p.G * k.width;
   std::vector<Carrying> carrying(static_cast<size_t>(carry_rows ? p.D * C : 0));
   std::vector<CarrySlice<T>> plans(static_cast<size_t>(carry_rows ? p.D * C * per_chunk : 0));
@@ -332,9 +333,9 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
         CarrySlice<T>& slice = plan[i];
         slice = {0, 0, 0, 0, nullptr};
         if (c.t0 < 0 && !claim(c, d, b0, b1, now)) continue;
-        slice = {c.t0, c.b, c.k, std::min(K2w, c.k + per_slice), sums_of(ch, c.buf)};
+        slice = {c.t0, c.b, c.k, std::min(units, c.k + per_slice), sums_of(ch, c.buf)};
         c.k = slice.k1;
-        if (c.k == K2w) c.t0 = -1;  // summed by this step (and marked made after it)
+        if (c.k == units) c.t0 = -1;  // summed by this step (and marked made after it)
       }
     }
     T* xpre = nullptr;
@@ -347,9 +348,9 @@ void fused_forward_impl(const detail::Problem& p, const DirectionForward* dirs) 
            xpre, plan);
     if (plan)
       for (int64_t i = 0; i < b1 - b0; ++i)
-        if (plan[i].k1 == K2w && plan[i].k1 > plan[i].k0) {
+        if (plan[i].k1 == units && plan[i].k1 > plan[i].k0) {
           const CarrySlice<T>& slice = plan[i];
-          k.carry_complete(p, dirs[d], ws[d].get(), slice.t0, slice.b, K2w, slice.acc);
+          k.carry_complete(p, dirs[d], ws[d].get(), slice.t0, slice.b, units, slice.acc);
           made[static_cast<size_t>((d * nb + slice.b) * blocks + slice.t0 / kRows)].store(
               2, std::memory_order_release);
         }

@@ -26,9 +26,9 @@ struct GemmPiece {
 };
 
 // A part of a block of x' (Problem::lazy_projection) that one panel's product of a step
-// carries (FusedOps::carry_rows): pairs of k [k0, k1) of the block's rows [t0, t0 + rows) for
-// panel b's units, summed into acc (rows · G · width elements, from zero at k0 = 0). None
-// when k1 == k0.
+// carries (FusedOps::carry_rows): units of k [k0, k1) (FusedOps::carry_units) of the block's
+// rows [t0, t0 + rows) for panel b's units, summed into acc (rows · G · width elements, each
+// gate's from zero at its first unit). None when k1 == k0.
 template <class T>
 struct CarrySlice {
   int64_t t0, b, k0, k1;
@@ -63,10 +63,12 @@ struct FusedOps {
   int64_t project_rows_max;
   // Batch 1 in one row of pairs (an LSTM's inference on vdpbf16ps): a step's product streams
   // R from L2 with the dot-product unit half idle, and can carry the arithmetic of x' blocks
-  // of this many rows (project_rows's sums, in blocks of these rows), k pairs at a time
-  // (CarrySlice); 0 where it cannot. carry_complete sums a block's pairs from k0 on into acc
-  // and writes its rows of x' (plus the bias).
+  // of this many rows (project_rows's sums, in blocks of these rows), units of k at a time
+  // (CarrySlice: units of k, carry_units of them a block, each a pair of k for some of the
+  // gates); 0 where it cannot. carry_complete sums a block's units from k0 on into acc and
+  // writes its rows of x' (plus the bias).
   int64_t (*carry_rows)(const detail::Problem& p, const DirectionForward& a);
+  int64_t (*carry_units)(const detail::Problem& p);
   void (*carry_complete)(const detail::Problem& p, const DirectionForward& a, T* ws, int64_t t0,
                          int64_t b, int64_t k0, T* acc);
   int64_t (*block)(const detail::Problem& p);

@@ -27,6 +27,7 @@ FusedOps<T> ops() {
                 &F::project_rows,
                 F::kProjectRows,
                 &F::carry_rows,
+                &F::carry_units,
                 &F::carry_complete,
                 &F::block,
                 &F::workspace,

@@ -347,38 +347,56 @@ struct Fused {  // S: the scalar type
   }
 
   // block_product_dot of one row (N = 1, no split: its sums in its order, block_product_vec's
-  // chunks of k and tile_dot's accumulators) that also carries pairs [kp0, kp1) of the
-  // product of M rows of X (ldx pairs apart) with the panel Wp, summed into acc (from zero at
-  // kp0 = 0; tile_dot's sums of M rows, one accumulator each in k order): one carried pair
-  // after every kPer of the row's. The row's product streams its panel from L2 with the
-  // vdpbf16ps unit half idle, and the carried rows reuse each pair of Wp M times from
-  // registers: together they overlap (T=100 N=1 H=256 LSTM, one core's step: 3.35 us against
-  // 3.5-3.75 one after the other, 2.3 the row's product alone).
+  // chunks of k and tile_dot's accumulators) that also carries units [kp0, kp1) of the
+  // product of M rows of X (ldx pairs apart) with the panel Wp (K2x pairs): unit u is pair
+  // u % K2x of gates [q·GC, q·GC + GC) for q = u / K2x, summed into acc ([r][g][w], from zero
+  // at each q's first pair: one accumulator each in k order, whatever the slices). One
+  // carried unit after every kPer of the row's pairs. The row's product streams its panel
+  // from L2 with the vdpbf16ps unit half idle, and the carried rows reuse each pair of Wp M
+  // times from registers: together they overlap (bench/micro/carry_rows.cpp). 8 rows × 2
+  // gates a unit (16 sums beside the row's 8) stream half the Wp of 4 rows × 4: the T=100 N=1
+  // H=256 LSTM on 2 threads took 0.97 of the time (Zen 4, alternating processes).
   static constexpr int kPer = 4;
-  template <int G, int M>
+  template <int G, int M, int GC>
   RNNCORE_TILE static void carry_product(const Pair* h, int64_t K2, const Pair* Bp, S* out,
-                                         const Pair* X, int64_t ldx, const Pair* Wp, S* acc,
-                                         int64_t kp0, int64_t kp1) {
+                                         const Pair* X, int64_t ldx, const Pair* Wp, int64_t K2x,
+                                         S* acc, int64_t kp0, int64_t kp1) {
     constexpr int U = G >= 8 ? 1 : (G >= 4 ? 2 : 4);                   // tile_dot's at M = 1
     constexpr int64_t KC = std::max<int64_t>(8, 24576 / (G * W * 4));  // block_product_vec's
-    static_assert(kPer % U == 0 && M * G >= 8, "whole accumulator rounds; carried U = 1");
-    __m512 pa[M][G];
+    static_assert(kPer % U == 0 && M * GC >= 8 && G % GC == 0, "whole rounds; carried U = 1");
+    __m512 pa[M][GC];
+    int64_t kp = kp0, q = kp0 / K2x, qend = std::min(kp1, (q + 1) * K2x);
+    const auto load_sums = [&](bool zero) __attribute__((always_inline)) {
 #pragma GCC unroll 8
-    for (int r = 0; r < M; ++r)
+      for (int r = 0; r < M; ++r)
 #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g)
-        pa[r][g] = kp0 > 0 ? _mm512_loadu_ps(acc + (r * G + g) * W) : _mm512_setzero_ps();
-    int64_t kp = kp0;
+        for (int g = 0; g < GC; ++g)
+          pa[r][g] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r * G + q * GC + g) * W);
+    };
+    const auto store_sums = [&]() __attribute__((always_inline)) {
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < GC; ++g) _mm512_storeu_ps(acc + (r * G + q * GC + g) * W, pa[r][g]);
+    };
+    load_sums(kp0 % K2x == 0);
     const auto carried = [&]() __attribute__((always_inline)) {
-      __m512bh b[G];
+      if (kp == qend) {  // the next gates' first pair
+        store_sums();
+        ++q, qend = std::min(kp1, (q + 1) * K2x);
+        load_sums(true);
+      }
+      const int64_t k = kp - q * K2x;
+      __m512bh b[GC];
 #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g)
-        b[g] = (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Wp + (kp * G + g) * W));
+      for (int g = 0; g < GC; ++g)
+        b[g] =
+            (__m512bh)_mm512_loadu_si512(static_cast<const void*>(Wp + (k * G + q * GC + g) * W));
 #pragma GCC unroll 8
       for (int r = 0; r < M; ++r) {
-        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[r * ldx + kp]));
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[r * ldx + k]));
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) pa[r][g] = _mm512_dpbf16_ps(pa[r][g], a, b[g]);
+        for (int g = 0; g < GC; ++g) pa[r][g] = _mm512_dpbf16_ps(pa[r][g], a, b[g]);
       }
       ++kp;
     };
@@ -419,10 +437,7 @@ struct Fused {  // S: the scalar type
       }
     }
     while (kp < kp1) carried();
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc + (r * G + g) * W, pa[r][g]);
+    store_sums();
   }
 
 #if RNNCORE_FUSED_AMX
@@ -1547,16 +1562,21 @@ struct Fused {  // S: the scalar type
         panel_x<3>(p, a, bf, s, b, 0, nullptr, out);
     }
   }
-  // Rows of x' [t0, t0 + m) (input time, batch 1, m <= kProjectRows) for the units of panels
-  // [b0, b1): the source rows times W's panels (float32 tiles or bfloat16 pairs), plus the
-  // bias (Problem::lazy_projection). A row's sums do not depend on the others of its block.
+  // Rows of x' [t0, t0 + m) (input time, batch 1, m <= kProjectRows, or kCarryRows where
+  // carry_rows) for the units of panels [b0, b1): the source rows times W's panels (float32
+  // tiles or bfloat16 pairs), plus the bias (Problem::lazy_projection). A row's sums do not
+  // depend on the others of its block.
   static constexpr int64_t kProjectRows = 6;
   static void project_rows(const Problem& p, const Dir& a, S* ws, int64_t t0, int64_t m, int64_t b0,
                            int64_t b1) {
     const Buffers bf = buffers(p, ws);
     const int64_t G = p.G;
-    alignas(64) S out[kProjectRows * 4 * W];
+    alignas(64) S out[std::max(kProjectRows, kCarryRows) * 4 * W];
     for (int64_t b = b0; b < b1; ++b) {
+      if (m == kCarryRows && carry_rows(p, a)) {  // a whole block: the carried sums' bits
+        carry_complete(p, a, ws, t0, b, 0, out);
+        continue;
+      }
       const auto product = [&](auto g) {
         constexpr int kG = decltype(g)::value;
 #if RNNCORE_FUSED_DOT_BF16
@@ -1607,9 +1627,11 @@ struct Fused {  // S: the scalar type
   }
 
   // FusedOps::carry_rows: an LSTM's inference at batch 1 on pairs whose steps take the
-  // one-row path (lstm), x' filled by the steps (project_rows's sums, in blocks of
-  // kCarryRows rows).
-  static constexpr int64_t kCarryRows = 4;
+  // one-row path (lstm), x' filled by the steps (carry_product's sums, in blocks of
+  // kCarryRows rows, kCarryGates gates of a pair of k a unit).
+  static constexpr int64_t kCarryRows = 8;
+  static constexpr int kCarryGates = 2;
+  static int64_t carry_units(const Problem& p) { return p.I / 2 * (4 / kCarryGates); }
   static int64_t carry_rows(const Problem& p, const Dir& a) {
 #if RNNCORE_FUSED_DOT_BF16
     if (p.lazy_projection && p.op == detail::OpKind::Lstm && p.N == 1 && p.H % W == 0 &&
@@ -1624,11 +1646,10 @@ struct Fused {  // S: the scalar type
 #if RNNCORE_FUSED_DOT_BF16
     constexpr int G = 4;
     const Buffers bf = buffers(p, ws);
-    const int64_t K2 = p.I / 2;
-    if (k0 < K2)
-      carry_product<G, kCarryRows>(nullptr, 0, nullptr, nullptr,
-                                   reinterpret_cast<const Pair*>(a.x_bits + t0 * a.x_ld),
-                                   a.x_ld / 2, w_pairs<G>(p, bf, b), acc, k0, K2);
+    if (k0 < carry_units(p))
+      carry_product<G, kCarryRows, kCarryGates>(
+          nullptr, 0, nullptr, nullptr, reinterpret_cast<const Pair*>(a.x_bits + t0 * a.x_ld),
+          a.x_ld / 2, w_pairs<G>(p, bf, b), p.I / 2, acc, k0, carry_units(p));
     store_rows(p, a, t0, kCarryRows, b, acc);
 #else
     (void)p, (void)a, (void)ws, (void)t0, (void)b, (void)k0, (void)acc;
@@ -1884,13 +1905,13 @@ struct Fused {  // S: the scalar type
 #if RNNCORE_FUSED_DOT_BF16
           if (carry && carry[b - b0].k1 > carry[b - b0].k0) {  // (op: pairs, no split)
             const CarrySlice<S>& sl = carry[b - b0];
-            carry_product<G, kCarryRows>(
+            carry_product<G, kCarryRows, kCarryGates>(
                 op.pairs, (H + 1) / 2,
                 reinterpret_cast<const Pair*>(reinterpret_cast<const uint16_t*>(bf.panels) +
                                               b * G * kext(p, a) * W),
                 rows_of + (b - bg) * G * W,
                 reinterpret_cast<const Pair*>(a.x_bits + sl.t0 * a.x_ld), a.x_ld / 2,
-                w_pairs<G>(p, bf, sl.b), sl.acc, sl.k0, sl.k1);
+                w_pairs<G>(p, bf, sl.b), p.I / 2, sl.acc, sl.k0, sl.k1);
             continue;
           }
 #endif
