@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 RUN_PY = pathlib.Path(__file__).resolve().parent.parent / "bench" / "run.py"
 WIDENING = RUN_PY.parent / "micro" / "f16_widening.cpp"
+CARRY = RUN_PY.parent / "micro" / "carry_rows.cpp"
 # Sizes every implementation runs in a moment (metal-emulated --quick's).
 TINY = ["gru-T5-N2-H16", "lstm-T5-N2-H16", "gru-T5-N2-H16-f16"]
 
@@ -656,6 +657,25 @@ def test_f16_widening_microbenchmark_builds_and_its_ways_agree(tmp_path):
     assert build.returncode == 0, build.stderr
     check = subprocess.run([str(exe), "--check"], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.skipif(
+    not {"avx512f", "avx512_bf16"} <= _cpu_flags() or shutil.which("c++") is None,
+    reason="the carried-rows microbenchmark needs a C++ compiler and AVX-512 BF16",
+)
+def test_carry_rows_microbenchmark_builds_and_its_layouts_agree(tmp_path):
+    """bench/micro/carry_rows.cpp (docs/performance.md's carried blocks) builds warning-free,
+    and its 4 rows × 4 gates and 8 rows × 2 gates carried sums give the same bits."""
+    exe = tmp_path / "carry_rows"
+    build = subprocess.run(
+        ["c++", "-O2", "-march=native", "-Wall", "-Wextra", "-Werror", str(CARRY), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    check = subprocess.run([str(exe), "--check"], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "the same bits" in check.stdout, check.stdout + check.stderr
 
 
 @pytest.mark.skipif(
