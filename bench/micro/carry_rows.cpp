@@ -12,6 +12,9 @@
 //   4 rows × 4    a unit is one pair of k for the 4 gates of 4 rows: 4 W vectors for 16 products
 //   8 rows × 2    a unit is one pair of k for 2 gates of 8 rows: 2 W vectors for 16 products,
 //                 half the W stream (the carried sums: 16 accumulators beside the row's 8)
+//   prefetched    with a software prefetch (prefetcht0) of every other line of R 1 KiB ahead, or
+//                 of every line: whether the hardware prefetchers leave L2's stream short of
+//                 its rate (R only, and 8 rows × 2)
 // Prints microseconds per step (least of 5 windows of 2000 steps), 3 rounds; first checks that
 // both carried layouts give the projection the same bits (one accumulator per row and gate, in
 // k order; all that `--check` does).
@@ -45,7 +48,7 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
 
 // Panel p's row product, carrying units [u0, u1) of M rows × GC gates (none when M = 0).
 // (Loops unrolled by pragma, as in rnncore's kernels: otherwise GCC keeps the sums in memory.)
-template <int M, int GC>
+template <int M, int GC, int Prefetch = 0>
 __attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, int p, int u0,
                                      int u1) {
   const uint32_t* const R = d.R.data() + p * kPanel;
@@ -93,6 +96,14 @@ __attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, in
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       const __m512i a = _mm512_set1_epi32(static_cast<int>(h[k + j]));
+      // (Ahead of the last panel the lines are the next array's or past the end: harmless.)
+      [[maybe_unused]] const char* const ahead =
+          reinterpret_cast<const char*>(R + (k + j) * G * 16) + 1024;
+      if constexpr (Prefetch > 0) {
+        constexpr int every = Prefetch == 1 ? 2 : 1;  // lines of the row's 4
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g += every) _mm_prefetch(ahead + g * 64, _MM_HINT_T0);
+      }
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g)
         ra[j % 2][g] = dp(ra[j % 2][g], a, _mm512_loadu_si512(R + ((k + j) * G + g) * 16));
@@ -108,19 +119,20 @@ __attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, in
 
 // One step: every panel, each carrying its share of a block of M rows (units per step: the
 // block's units over its M steps).
-template <int M, int GC>
+template <int M, int GC, int Prefetch = 0>
 void step(Data& d, int s) {
   const int units = M > 0 ? K2 * (G / GC) : 0, per = M > 0 ? units / M : 0;
   const int u0 = M > 0 ? s % M * per : 0;
-  for (int p = 0; p < P; ++p) panel<M, GC>(d, d.out.data(), d.acc.data(), p, u0, u0 + per);
+  for (int p = 0; p < P; ++p)
+    panel<M, GC, Prefetch>(d, d.out.data(), d.acc.data(), p, u0, u0 + per);
 }
 
-template <int M, int GC>
+template <int M, int GC, int Prefetch = 0>
 double time_step(Data& d) {
   double best = 1e30;
   for (int w = 0; w < 5; ++w) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < 2000; ++s) step<M, GC>(d, s);
+    for (int s = 0; s < 2000; ++s) step<M, GC, Prefetch>(d, s);
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, us / 2000);
@@ -162,8 +174,13 @@ int main(int argc, char** argv) {
                                4 * G * 16 * sizeof(float)) == 0;
   std::printf("4 rows x 4 and 8 rows x 2: %s bits\n", same ? "the same" : "DIFFERENT");
   if (!same || check_only) return same ? 0 : 1;
-  for (int round = 0; round < 3; ++round)
+  for (int round = 0; round < 3; ++round) {
     std::printf("us a step: R only %.3f, 4 rows x 4 %.3f, 8 rows x 2 %.3f\n", time_step<0, 4>(d),
                 time_step<4, 4>(d), time_step<8, 2>(d));
+    std::printf(
+        "  prefetched: R only, every other line %.3f, every line %.3f; 8 rows x 2, every "
+        "other line %.3f\n",
+        time_step<0, 4, 1>(d), time_step<0, 4, 2>(d), time_step<8, 2, 1>(d));
+  }
   return 0;
 }
