@@ -19,6 +19,18 @@ namespace {
 using rnncore::cpu::narrow_half;
 using rnncore::cpu::widen_half;
 
+// The compiler's own half type. __FLT16_MAX__ alone does not say that C++ has _Float16:
+// GCC before 13 defines it on AArch64 but has _Float16 in C++ only on x86; on ARM, its
+// __fp16 (IEEE format: float -> __fp16 is one rounding, to nearest even) serves instead.
+#if defined(__FLT16_MAX__) && \
+    (defined(__clang__) || __GNUC__ >= 13 || defined(__x86_64__) || defined(__i386__))
+using CompilerHalf = _Float16;
+#define RNNCORE_TEST_COMPILER_HALF 1
+#elif defined(__ARM_FP16_FORMAT_IEEE)
+using CompilerHalf = __fp16;
+#define RNNCORE_TEST_COMPILER_HALF 1
+#endif
+
 float bits_float(uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
@@ -47,8 +59,8 @@ TEST(Narrow, EveryHalfWidensExactlyAndNarrowsBack) {
     ASSERT_EQ(a, b) << "half " << i;
     ASSERT_EQ(back[i], i) << "half " << i;
     ASSERT_EQ(one[i], i) << "half " << i;
-#if defined(__FLT16_MAX__)
-    ASSERT_EQ(wide[i], float(*reinterpret_cast<const _Float16*>(&all[i]))) << i;
+#if defined(RNNCORE_TEST_COMPILER_HALF)
+    ASSERT_EQ(wide[i], float(*reinterpret_cast<const CompilerHalf*>(&all[i]))) << i;
 #endif
   }
 }
@@ -92,7 +104,7 @@ TEST(Narrow, WholeArraysConvertAsTheirElementsDo) {
   }
 }
 
-#if defined(__FLT16_MAX__)
+#if defined(RNNCORE_TEST_COMPILER_HALF)
 TEST(Narrow, FloatsRoundToNearestEven) {
   // Every 389th float bit pattern (with both signs, subnormals, ties, overflow to infinity).
   std::vector<float> block(8);
@@ -103,7 +115,7 @@ TEST(Narrow, FloatsRoundToNearestEven) {
     narrow_half(block.data(), got, 8);
     for (int j = 0; j < 8; ++j) {
       if (std::isnan(block[j])) continue;
-      const _Float16 want = static_cast<_Float16>(block[j]);
+      const CompilerHalf want = static_cast<CompilerHalf>(block[j]);
       uint16_t w;
       std::memcpy(&w, &want, 2);
       narrow_half(&block[j], &single, 1);
@@ -123,7 +135,7 @@ TEST(Narrow, FloatsRoundToNearestEven) {
                          std::ldexp(1.0f, -24),
                          -0.0f};
   for (float f : edges) {
-    const _Float16 want = static_cast<_Float16>(f);
+    const CompilerHalf want = static_cast<CompilerHalf>(f);
     uint16_t w;
     std::memcpy(&w, &want, 2);
     narrow_half(&f, &single, 1);
@@ -297,6 +309,8 @@ TEST(TileGemm, InfinitiesStayInfiniteAndEmptySumsAreZero) {
 // The tile configuration is shared with any other code on the thread (oneDNN in PyTorch
 // configures and releases it around its own products): a release, or another library's
 // configuration, between two calls must not break the next (it raised SIGILL once).
+// (x86-64 only: the AMX instructions below, and the AMX kernels, exist only there.)
+#if defined(__x86_64__)
 TEST(TileGemm, OtherTileUsersOnTheThreadChangeNothing) {
   const auto& ops = rnncore::cpu::fused_kernels().f32;
   if (!ops.matmul_tiles) GTEST_SKIP() << "no AMX-BF16 kernels on this CPU";
@@ -327,5 +341,6 @@ TEST(TileGemm, OtherTileUsersOnTheThreadChangeNothing) {
   asm volatile("ldtilecfg %0" : : "m"(foreign));
   EXPECT_EQ(both(), want);
 }
+#endif
 
 }  // namespace
