@@ -15,6 +15,12 @@
 //   prefetched    with a software prefetch (prefetcht0) of every other line of R 1 KiB ahead, or
 //                 of every line: whether the hardware prefetchers leave L2's stream short of
 //                 its rate (R only, and 8 rows × 2)
+//   alternating   every other step runs the panels, and each panel's pairs, last to first: a
+//                 step starts on the lines the one before ended on, which L1 may still hold
+//                 (R only, and 8 rows × 2)
+//   non-temporal  a prefetchnta of every line of R 1 KiB ahead, of every panel or of all but
+//                 the first: whether R's lines can pass through L1 without evicting a panel
+//                 kept there from step to step (R only)
 // Prints microseconds per step (least of 5 windows of 2000 steps), 3 rounds; first checks that
 // both carried layouts give the projection the same bits (one accumulator per row and gate, in
 // k order; all that `--check` does).
@@ -46,11 +52,15 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-// Panel p's row product, carrying units [u0, u1) of M rows × GC gates (none when M = 0).
+// How a panel's stream of R is prefetched in software (beside the hardware's prefetchers).
+enum Prefetch { kNone, kEveryOther, kEvery, kNonTemporal, kNonTemporalButFirst };
+
+// Panel p's row product, carrying units [u0, u1) of M rows × GC gates (none when M = 0), its
+// pairs of k last to first when `reverse`.
 // (Loops unrolled by pragma, as in rnncore's kernels: otherwise GCC keeps the sums in memory.)
-template <int M, int GC, int Prefetch = 0>
-__attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, int p, int u0,
-                                     int u1) {
+template <int M, int GC, int Prefetch = kNone>
+__attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, int p, int u0, int u1,
+                                     bool reverse) {
   const uint32_t* const R = d.R.data() + p * kPanel;
   const uint32_t* const Wp = d.Wp.data() + p * kPanel;
   const uint32_t* const h = d.h.data();
@@ -92,17 +102,24 @@ __attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, in
     }
     ++u;
   };
-  for (int k = 0; k < K2; k += 4) {
+  const bool nta = Prefetch == kNonTemporal || (Prefetch == kNonTemporalButFirst && p > 0);
+  for (int k4 = 0; k4 < K2; k4 += 4) {
+    const int k = reverse ? K2 - 4 - k4 : k4;
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
+    for (int j4 = 0; j4 < 4; ++j4) {
+      const int j = reverse ? 3 - j4 : j4;
       const __m512i a = _mm512_set1_epi32(static_cast<int>(h[k + j]));
       // (Ahead of the last panel the lines are the next array's or past the end: harmless.)
       [[maybe_unused]] const char* const ahead =
           reinterpret_cast<const char*>(R + (k + j) * G * 16) + 1024;
-      if constexpr (Prefetch > 0) {
-        constexpr int every = Prefetch == 1 ? 2 : 1;  // lines of the row's 4
+      if constexpr (Prefetch == kEveryOther || Prefetch == kEvery) {
+        constexpr int every = Prefetch == kEveryOther ? 2 : 1;  // lines of the row's 4
 #pragma GCC unroll 4
         for (int g = 0; g < G; g += every) _mm_prefetch(ahead + g * 64, _MM_HINT_T0);
+      }
+      if (nta) {
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) _mm_prefetch(ahead + g * 64, _MM_HINT_NTA);
       }
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g)
@@ -118,21 +135,24 @@ __attribute__((noinline)) void panel(const Data& d, float* out_, float* acc_, in
 }
 
 // One step: every panel, each carrying its share of a block of M rows (units per step: the
-// block's units over its M steps).
-template <int M, int GC, int Prefetch = 0>
-void step(Data& d, int s) {
+// block's units over its M steps); the panels and their pairs last to first in the odd steps
+// when `alternate`.
+template <int M, int GC, int Prefetch = kNone>
+void step(Data& d, int s, bool alternate = false) {
   const int units = M > 0 ? K2 * (G / GC) : 0, per = M > 0 ? units / M : 0;
   const int u0 = M > 0 ? s % M * per : 0;
-  for (int p = 0; p < P; ++p)
-    panel<M, GC, Prefetch>(d, d.out.data(), d.acc.data(), p, u0, u0 + per);
+  const bool reverse = alternate && s % 2 == 1;
+  for (int i = 0; i < P; ++i)
+    panel<M, GC, Prefetch>(d, d.out.data(), d.acc.data(), reverse ? P - 1 - i : i, u0, u0 + per,
+                           reverse);
 }
 
-template <int M, int GC, int Prefetch = 0>
-double time_step(Data& d) {
+template <int M, int GC, int Prefetch = kNone>
+double time_step(Data& d, bool alternate = false) {
   double best = 1e30;
   for (int w = 0; w < 5; ++w) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < 2000; ++s) step<M, GC, Prefetch>(d, s);
+    for (int s = 0; s < 2000; ++s) step<M, GC, Prefetch>(d, s, alternate);
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, us / 2000);
@@ -180,7 +200,12 @@ int main(int argc, char** argv) {
     std::printf(
         "  prefetched: R only, every other line %.3f, every line %.3f; 8 rows x 2, every "
         "other line %.3f\n",
-        time_step<0, 4, 1>(d), time_step<0, 4, 2>(d), time_step<8, 2, 1>(d));
+        time_step<0, 4, kEveryOther>(d), time_step<0, 4, kEvery>(d),
+        time_step<8, 2, kEveryOther>(d));
+    std::printf("  alternating: R only %.3f, 8 rows x 2 %.3f\n", time_step<0, 4>(d, true),
+                time_step<8, 2>(d, true));
+    std::printf("  non-temporal: R only, every panel %.3f, all but the first %.3f\n",
+                time_step<0, 4, kNonTemporal>(d), time_step<0, 4, kNonTemporalButFirst>(d));
   }
   return 0;
 }
